@@ -1,0 +1,3 @@
+from polltuned.cli.main import main
+
+raise SystemExit(main())

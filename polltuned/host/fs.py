@@ -1,0 +1,108 @@
+"""Filesystem access to /proc and /sys under a configurable root."""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import fnmatch
+import os
+from pathlib import Path
+from typing import Protocol
+
+from polltuned.errors import HostError
+
+
+class Host(Protocol):
+    """What every collector, knob and probe may use to reach the kernel."""
+
+    root: Path
+
+    @property
+    def is_real(self) -> bool: ...
+    def path(self, p: str) -> Path: ...
+    def read_text(self, p: str) -> str: ...
+    def exists(self, p: str) -> bool: ...
+    def listdir(self, p: str) -> list[str]: ...
+    def glob(self, directory: str, pattern: str) -> list[str]: ...
+    def write_text(self, p: str, data: str) -> None: ...
+    def is_writable(self, p: str) -> bool: ...
+    def readlink(self, p: str) -> str: ...
+
+
+class FsHost:
+    """Host rooted at ``root`` (``/`` on a real machine, a fixture directory in tests).
+
+    Paths are given in kernel form (``/proc/stat``); they are joined under the root.
+    Errors are raised as HostError with the errno preserved and the kernel path named.
+    """
+
+    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+        self.root = Path(root).resolve()
+
+    @property
+    def is_real(self) -> bool:
+        return str(self.root) == "/"
+
+    def path(self, p: str) -> Path:
+        if not p.startswith("/"):
+            raise ValueError(f"host paths must be absolute: {p!r}")
+        return self.root / p.lstrip("/")
+
+    def read_text(self, p: str) -> str:
+        try:
+            with open(self.path(p), encoding="utf-8", errors="replace") as fh:
+                return fh.read()
+        except OSError as e:
+            raise HostError(f"cannot read {p}: {os.strerror(e.errno or 0)}", errno=e.errno) from e
+
+    def exists(self, p: str) -> bool:
+        return self.path(p).exists()
+
+    def listdir(self, p: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path(p)))
+        except OSError as e:
+            raise HostError(f"cannot list {p}: {os.strerror(e.errno or 0)}", errno=e.errno) from e
+
+    def glob(self, directory: str, pattern: str) -> list[str]:
+        """Names in ``directory`` matching ``pattern``; [] when the directory is missing."""
+        try:
+            names = os.listdir(self.path(directory))
+        except OSError:
+            return []
+        return sorted(n for n in names if fnmatch.fnmatch(n, pattern))
+
+    def write_text(self, p: str, data: str) -> None:
+        """Write one value the way sysctl(8) does: a single write() of the whole string."""
+        target = self.path(p)
+        try:
+            fd = os.open(target, os.O_WRONLY | (0 if self.is_real else os.O_TRUNC))
+        except OSError as e:
+            raise HostError(f"cannot open {p} for writing: {os.strerror(e.errno or 0)}", errno=e.errno) from e
+        try:
+            payload = data.encode()
+            n = os.write(fd, payload)
+            if n != len(payload):
+                raise HostError(f"short write to {p} ({n} of {len(payload)} bytes)", errno=errno_mod.EIO)
+        except OSError as e:
+            raise HostError(
+                f"writing {data.strip()!r} to {p} failed: {os.strerror(e.errno or 0)}", errno=e.errno
+            ) from e
+        finally:
+            os.close(fd)
+
+    def is_writable(self, p: str) -> bool:
+        target = self.path(p)
+        try:
+            st = target.stat()
+        except OSError:
+            return False
+        # procfs/sysfs advertise read-only knobs (e.g. managed IRQs since 6.12) via mode 0444.
+        if not st.st_mode & 0o222:
+            return False
+        return os.access(target, os.W_OK)
+
+    def readlink(self, p: str) -> str:
+        try:
+            return os.readlink(self.path(p))
+        except OSError as e:
+            raise HostError(f"cannot readlink {p}: {os.strerror(e.errno or 0)}", errno=e.errno) from e

@@ -1,0 +1,112 @@
+"""TOML policy loading with includes, turning pydantic errors into one line per problem."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from polltuned.errors import PolicyError
+from polltuned.policy.schema import Policy
+
+_MAX_INCLUDE_DEPTH = 8
+
+
+def policy_search_path() -> list[Path]:
+    """Where a bare policy name (``latency-critical``) is looked up, in order."""
+    env = os.environ.get("POLLTUNED_POLICY_PATH")
+    dirs = [Path(p) for p in env.split(":") if p] if env else []
+    dirs += [Path("/etc/polltuned/policies"), Path("/usr/share/polltuned/policies")]
+    dirs.append(Path(__file__).resolve().parents[2] / "policies")  # a source checkout
+    return dirs
+
+
+def find_policy(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or os.sep in name_or_path:
+        if not p.is_file():
+            raise PolicyError([f"{name_or_path}: no such policy file"])
+        return p
+    for d in policy_search_path():
+        cand = d / f"{name_or_path}.toml"
+        if cand.is_file():
+            return cand
+    raise PolicyError(
+        [f"{name_or_path}: no policy of that name"],
+        hint="searched " + ", ".join(str(d) for d in policy_search_path()),
+    )
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict) and k != "probe":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _read_toml(path: Path, depth: int, seen: tuple[Path, ...]) -> dict[str, Any]:
+    if depth > _MAX_INCLUDE_DEPTH:
+        raise PolicyError([f"{path}: include: nested deeper than {_MAX_INCLUDE_DEPTH} levels"])
+    rp = path.resolve()
+    if rp in seen:
+        raise PolicyError([f"{path}: include: cycle through {rp}"])
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PolicyError([f"{path}: cannot read: {e.strerror}"]) from e
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError([f"{path}: not valid TOML: {e}"]) from e
+    includes = data.get("include", [])
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise PolicyError([f"{path}: include: must be a list of file names (got {includes!r})"])
+    merged: dict[str, Any] = {}
+    for inc in includes:
+        ip = (path.parent / inc) if not os.path.isabs(inc) else Path(inc)
+        if not ip.is_file():
+            raise PolicyError([f"{path}: include: no such file {inc!r}"])
+        merged = _merge(merged, _read_toml(ip, depth + 1, (*seen, rp)))
+    merged = _merge(merged, {k: v for k, v in data.items() if k != "include"})
+    return merged
+
+
+def format_validation_error(source: str, err: ValidationError, data: Mapping[str, Any] | None = None) -> list[str]:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"] if not (isinstance(x, str) and x in _UNION_TAGS))
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (not allowed here)"
+        elif e["type"] == "missing":
+            got = None
+        suffix = "" if got is None or isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{source}: {loc or '<top>'}: {msg}{suffix}")
+    return lines
+
+
+_UNION_TAGS = {"sockperf", "tcp_rtt", "prometheus", "command", "sim"}
+
+
+def policy_from_dict(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
+    try:
+        return Policy.model_validate(dict(data))
+    except ValidationError as e:
+        raise PolicyError(format_validation_error(source, e, data)) from None
+
+
+def load_policy(name_or_path: str, nic: str | None = None) -> Policy:
+    """Load, merge includes, validate and resolve ``{nic}``. Raises PolicyError (exit 2)."""
+    path = find_policy(name_or_path)
+    data = _read_toml(path, 0, ())
+    pol = policy_from_dict(data, str(path))
+    try:
+        return pol.resolve_nic(nic)
+    except ValueError as e:
+        raise PolicyError([f"{path}: nic: {e}"]) from None

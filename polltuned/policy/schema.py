@@ -1,0 +1,243 @@
+"""The policy schema.
+
+A policy says which knobs to tune and within which bounds, how to measure (the probe), how to
+score a window (the objective and its constraints), how careful to be (guard, confirmation), and
+what to do afterwards (hold, on_exit). Unknown fields are errors (extra="forbid").
+
+Knob keys use kernel vocabulary verbatim: ``net.core.busy_poll``, ``kernel.timer_migration``,
+``{nic}:gro_flush_timeout`` (``{nic}`` is replaced by the policy's ``nic`` or the CLI's
+``--nic``), ``{nic}:napi:irq-suspend-timeout`` (per-NAPI netlink), ``{nic}:irq_affinity``
+(a strategy name), ``module:haltpoll:guest_halt_poll_ns``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KnobSpec(_Strict):
+    """One dimension of the search space.
+
+    Numeric knobs give ``min``/``max`` (inclusive); categorical knobs give ``values``.
+    ``scale = "log"`` searches log-uniformly over the non-zero part; ``zero_is_off`` makes 0 an
+    explicit "off" choice outside that log range (the optimiser sees a separate on/off switch).
+    ``seeds`` are domain-known good values tried early (kernel docs: busy_poll 50).
+    ``requires_nonzero`` makes the knob conditional: it only matters when every listed knob is
+    non-zero; otherwise it is pinned to ``off_value`` and not searched.
+    """
+
+    type: Literal["int", "float", "categorical"] = "int"
+    min: float | None = None
+    max: float | None = None
+    values: list[str | int] | None = None
+    scale: Literal["linear", "log"] = "linear"
+    zero_is_off: bool = False
+    seeds: list[str | int | float] = Field(default_factory=list)
+    requires_nonzero: list[str] = Field(default_factory=list)
+    off_value: str | int | float | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> KnobSpec:
+        if self.type == "categorical":
+            if not self.values:
+                raise ValueError(f"categorical knob needs a non-empty 'values' list (got {self.values!r})")
+            if self.min is not None or self.max is not None:
+                raise ValueError("categorical knob takes 'values', not min/max")
+            for s in self.seeds:
+                if s not in self.values:
+                    raise ValueError(f"seed {s!r} is not one of values {self.values!r}")
+            return self
+        if self.min is None or self.max is None:
+            raise ValueError(f"numeric knob needs both min and max (got min={self.min}, max={self.max})")
+        if self.max < self.min:
+            raise ValueError(f"max must be >= min (got max={self.max:g}, min={self.min:g})")
+        if self.values is not None:
+            raise ValueError("numeric knob takes min/max, not 'values'")
+        if self.type == "int" and (self.min != int(self.min) or self.max != int(self.max)):
+            raise ValueError(f"int knob needs integer bounds (got min={self.min}, max={self.max})")
+        if self.scale == "log":
+            lo = self.min if not self.zero_is_off else max(self.min, 1)
+            if lo <= 0:
+                raise ValueError(
+                    f"log scale needs min > 0 or zero_is_off = true (got min={self.min:g})"
+                )
+        if self.zero_is_off and self.min != 0:
+            raise ValueError(f"zero_is_off needs min = 0 (got min={self.min:g})")
+        for s in self.seeds:
+            if isinstance(s, str) or not (self.min <= s <= self.max):
+                raise ValueError(f"seed {s!r} outside [{self.min:g}, {self.max:g}]")
+        return self
+
+
+class SockperfProbe(_Strict):
+    kind: Literal["sockperf"] = "sockperf"
+    target: str = "198.18.0.2"
+    port: int = Field(11111, ge=1, le=65535)
+    mode: Literal["ping-pong", "under-load"] = "ping-pong"
+    rate_mps: int | None = Field(None, ge=1, description="messages/s for under-load")
+    msg_size: int = Field(64, ge=14, le=65000)
+    protocol: Literal["udp", "tcp"] = "udp"
+    netns: str | None = None
+    cpu: int | None = Field(None, ge=0)
+    restart_server: bool = True
+    server_netns: str | None = None
+    server_cpu: int | None = Field(None, ge=0)
+    sessions: int = Field(1, ge=1, le=64)
+    timeout_s: float = Field(30.0, gt=0)
+
+
+class TcpRttProbe(_Strict):
+    kind: Literal["tcp_rtt"] = "tcp_rtt"
+    port: int | None = Field(None, ge=1, le=65535)
+    side: Literal["src", "dst", "any"] = "any"
+    address: str | None = None
+    netns: str | None = None
+    sample_interval_s: float = Field(0.2, gt=0)
+    min_sockets: int = Field(1, ge=1)
+
+
+class PrometheusProbe(_Strict):
+    kind: Literal["prometheus"] = "prometheus"
+    url: str
+    metric: str = Field(description="histogram base name, e.g. http_request_duration_seconds")
+    labels: dict[str, str] = Field(default_factory=dict)
+    unit_scale_us: float = Field(1e6, gt=0, description="multiply bucket bounds by this to get µs")
+    timeout_s: float = Field(5.0, gt=0)
+
+
+class CommandProbe(_Strict):
+    kind: Literal["command"] = "command"
+    argv: list[str] = Field(min_length=1)
+    regex: str | None = None
+    json_path: str | None = None
+    statistic_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="statistic name (p50, p99, ...) -> regex group name or JSON path; overrides regex/json_path",
+    )
+    unit_scale_us: float = Field(1.0, gt=0)
+    timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> CommandProbe:
+        if not (self.regex or self.json_path or self.statistic_map):
+            raise ValueError("command probe needs 'regex', 'json_path' or 'statistic_map'")
+        return self
+
+
+class SimProbe(_Strict):
+    kind: Literal["sim"] = "sim"
+    scenario: str = Field(description="path to a scenario .py file, or the name of a shipped scenario")
+
+
+Probe = Annotated[
+    SockperfProbe | TcpRttProbe | PrometheusProbe | CommandProbe | SimProbe,
+    Field(discriminator="kind"),
+]
+
+
+class Constraints(_Strict):
+    cpu_budget_cores: float | None = Field(None, gt=0)
+    throughput_floor_pps: float | None = Field(None, ge=0)
+    max_drops_increase_per_s: float | None = Field(None, ge=0)
+
+
+class Objective(_Strict):
+    """How one window becomes a number to minimise.
+
+    latency            : J = L
+    latency_x_cpu      : J = L * (1 + cpu_weight * cpu_cores)
+    latency_cpu_budget : J = L, infeasible when cpu_cores > constraints.cpu_budget_cores
+    cpu_per_throughput : J = cpu_cores / throughput (lower is better), latency ceiling as constraint
+    """
+
+    statistic: Literal["p50", "p90", "p99", "p999", "mean"] = "p99"
+    combine: Literal["latency", "latency_x_cpu", "latency_cpu_budget", "cpu_per_throughput"] = "latency_x_cpu"
+    cpu_weight: float = Field(0.25, ge=0)
+    latency_ceiling_us: float | None = Field(None, gt=0)
+    constraints: Constraints = Field(default_factory=Constraints)
+
+    @model_validator(mode="after")
+    def _check(self) -> Objective:
+        if self.combine == "latency_cpu_budget" and self.constraints.cpu_budget_cores is None:
+            raise ValueError("combine = 'latency_cpu_budget' needs constraints.cpu_budget_cores")
+        return self
+
+
+class Tuning(_Strict):
+    budget: int = Field(30, ge=1, le=10_000, description="measurement windows for the search, repeats included")
+    window_s: float = Field(5.0, gt=0)
+    settle_s: float = Field(1.0, ge=0)
+    repeats: int = Field(1, ge=1, le=20, description="windows per trial")
+    optimiser: Literal["skopt", "random", "grid"] = "skopt"
+    initial_points: int = Field(6, ge=1)
+    seed: int = 0
+    warm_start: bool = True
+
+
+class Guard(_Strict):
+    max_regression: float = Field(
+        1.0, gt=0, description="abort a trial whose first window is worse than baseline by more than this fraction"
+    )
+
+
+class Confirm(_Strict):
+    pairs: int = Field(4, ge=2, le=50)
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+    min_effect: float = Field(0.05, ge=0, lt=1, description="minimum relative improvement to deploy")
+
+
+class Hold(_Strict):
+    interval_s: float = Field(10.0, gt=0)
+    drift_threshold: float = Field(0.3, gt=0, description="relative change that counts as drift")
+    drift_windows: int = Field(3, ge=1, description="consecutive drifted windows before re-tuning")
+    retune: bool = True
+
+
+class Policy(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    include: list[str] = Field(default_factory=list)
+    nic: str | None = None
+    app_cpus: list[int] = Field(default_factory=list)
+    knobs: dict[str, KnobSpec] = Field(min_length=1)
+    probe: Probe
+    objective: Objective = Field(default_factory=Objective)
+    tuning: Tuning = Field(default_factory=Tuning)
+    guard: Guard = Field(default_factory=Guard)
+    confirm: Confirm = Field(default_factory=Confirm)
+    hold: Hold = Field(default_factory=Hold)
+    on_exit: Literal["restore", "keep"] = "restore"
+
+    @model_validator(mode="after")
+    def _check(self) -> Policy:
+        for key, spec in self.knobs.items():
+            if "{nic}" in key and self.nic is None:
+                pass  # resolved later with --nic; checked by resolve_nic()
+            for dep in spec.requires_nonzero:
+                if dep not in self.knobs:
+                    raise ValueError(f"knobs.{key}.requires_nonzero: {dep!r} is not a knob of this policy")
+        return self
+
+    def resolve_nic(self, nic: str | None = None) -> Policy:
+        """Return a copy with ``{nic}`` substituted in knob keys (``nic`` overrides the policy's)."""
+        name = nic or self.nic
+        if not any("{nic}" in k for k in self.knobs):
+            return self if nic is None else self.model_copy(update={"nic": nic})
+        if name is None:
+            raise ValueError("knob keys use {nic} but no nic is set (policy 'nic' or --nic)")
+
+        def sub(k: str) -> str:
+            return k.replace("{nic}", name)
+
+        knobs = {
+            sub(k): v.model_copy(update={"requires_nonzero": [sub(d) for d in v.requires_nonzero]})
+            for k, v in self.knobs.items()
+        }
+        return self.model_copy(update={"knobs": knobs, "nic": name})

@@ -1,0 +1,1 @@
+"""Latency sources. Each probe turns one measurement window into a :class:`polltuned.records.Window`."""
