@@ -1,0 +1,307 @@
+"""The controller: DESIGN.md's state machine, driven by an injected clock.
+
+    RECOVER -> BASELINE -> PROPOSE -> APPLY -> SETTLE -> MEASURE -> SCORE -> (PROPOSE | CONFIRM) -> HOLD
+                                                                                        |            |
+                                                                                   ROLLBACK    drift: re-tune
+
+The search phases (BASELINE … CONFIRM) are the tuning engine's (polltuned.tuner.Tuner), whose
+events the controller relays. The controller adds RECOVER (journal replay and repair before
+anything else), HOLD (watch the workload, re-tune on drift, warm-started) and the exit path
+(ROLLBACK to the baselines, or keep the deployed configuration, as the policy's on_exit says).
+
+It is a generator: :meth:`Controller.steps` yields after every phase change, window and trial, so
+the service loop can ping the watchdog, publish status and react to signals between steps. It
+never sleeps except through the injected clock, so tests drive it with a FakeClock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from polltuned.clock import Clock
+from polltuned.errors import PolltunedError
+from polltuned.policy.schema import Policy
+from polltuned.records import KnobValue, Window
+from polltuned.trial import TrialEnv
+
+log = logging.getLogger("polltuned.daemon")
+
+RECOVER = "RECOVER"
+HOLD = "HOLD"
+ROLLBACK = "ROLLBACK"
+STOPPED = "STOPPED"
+IDLE = "IDLE"
+
+
+class EventLike(Protocol):
+    @property
+    def phase(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def trial(self) -> int | None: ...
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class TunerLike(Protocol):
+    def run(self) -> Iterator[Any]: ...
+    def request_stop(self) -> None: ...
+    @property
+    def result(self) -> Any: ...
+
+
+class ActuatorLike(Protocol):
+    def read(self, keys: Any) -> dict[str, KnobValue]: ...
+    def rollback(self) -> Any: ...
+    def is_dirty(self) -> bool: ...
+    def managed(self) -> Any: ...
+
+
+class WorkloadMeter(Protocol):
+    """Counters view used in HOLD to notice workload drift: one number per signal per window."""
+
+    def begin(self) -> None: ...
+    def end(self) -> Mapping[str, float]: ...
+
+
+TunerFactory = Callable[[Policy, TrialEnv], TunerLike]
+
+
+@dataclass
+class DriftDetector:
+    """Relative drift of each signal against a reference formed by the first ``ref_windows`` windows.
+
+    A signal counts as drifted when |x - ref| / ref > threshold; drift is declared after
+    ``needed`` consecutive drifted windows (any signal)."""
+
+    threshold: float
+    needed: int
+    ref_windows: int = 3
+    _samples: dict[str, list[float]] = field(default_factory=dict)
+    _ref: dict[str, float] = field(default_factory=dict)
+    streak: int = 0
+    last: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, signals: Mapping[str, float]) -> bool:
+        drifted = False
+        self.last = {}
+        for name, x in signals.items():
+            if not math.isfinite(x):
+                continue
+            if name not in self._ref:
+                self._samples.setdefault(name, []).append(x)
+                if len(self._samples[name]) >= self.ref_windows:
+                    self._ref[name] = statistics.median(self._samples[name])
+                continue
+            ref = self._ref[name]
+            scale = max(abs(ref), 1e-9)
+            rel = abs(x - ref) / scale
+            self.last[name] = rel
+            if rel > self.threshold:
+                drifted = True
+        self.streak = self.streak + 1 if drifted else 0
+        return self.streak >= self.needed
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        actuator: ActuatorLike,
+        env: TrialEnv,
+        make_tuner: TunerFactory,
+        clock: Clock,
+        meter: WorkloadMeter | None = None,
+        max_rounds: int | None = None,
+    ) -> None:
+        self.policy = policy
+        self.actuator = actuator
+        self.env = env
+        self.make_tuner = make_tuner
+        self.clock = clock
+        self.meter = meter
+        self.max_rounds = max_rounds
+        self.phase = IDLE
+        self.message = ""
+        self.trial: int | None = None
+        self.round = 0
+        self.events: deque[dict[str, Any]] = deque(maxlen=50)
+        self.guard_events: deque[dict[str, Any]] = deque(maxlen=10)
+        self.result: Any = None
+        self.recovery: dict[str, Any] = {}
+        self.hold: dict[str, Any] = {}
+        self._tuner: TunerLike | None = None
+        self._stop = False
+        self._pending_policy: Policy | None = None
+
+    # ---- requests from the service (signal handlers set flags; acted on between steps) ----
+    def request_stop(self) -> None:
+        self._stop = True
+        if self._tuner is not None:
+            self._tuner.request_stop()
+
+    def request_reload(self, policy: Policy) -> None:
+        self._pending_policy = policy
+        if self._tuner is not None:
+            self._tuner.request_stop()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop
+
+    # ---- the state machine ----
+    def _set(self, phase: str, message: str = "", trial: int | None = None) -> None:
+        self.phase = phase
+        self.message = message
+        self.trial = trial
+        entry = {"t": self.clock.wall(), "phase": phase, "message": message, "trial": trial}
+        self.events.append(entry)
+        log.info("%s%s", phase, f": {message}" if message else "",
+                 extra={"phase": phase, "trial": trial, "policy": self.policy.name})
+
+    def recover(self) -> dict[str, Any]:
+        """Replay the journal and repair: a dirty host (crash, kill -9) goes back to its baselines."""
+        dirty = self.actuator.is_dirty()
+        info: dict[str, Any] = {"dirty_at_start": dirty}
+        if dirty:
+            report = self.actuator.rollback()
+            info["rollback"] = _jsonable(report)
+            log.warning("journal shows knobs left by an earlier run; restored their original values",
+                        extra={"phase": RECOVER})
+        self.recovery = info
+        return info
+
+    def steps(self) -> Iterator[str]:
+        self._set(RECOVER, "replaying the journal")
+        yield self.phase
+        self.recover()
+        self._set(RECOVER, "host is clean" if not self.recovery["dirty_at_start"] else "repaired an unclean state")
+        yield self.phase
+        try:
+            while not self._stop:
+                self.round += 1
+                yield from self._tune_round()
+                if self._pending_policy is not None:
+                    self.policy = self._pending_policy
+                    self._pending_policy = None
+                    self._set(IDLE, f"policy reloaded: {self.policy.name}; re-tuning")
+                    yield self.phase
+                    continue
+                if self._stop:
+                    break
+                if self.max_rounds is not None and self.round >= self.max_rounds and not self.policy.hold.retune:
+                    break
+                retune = yield from self._hold()
+                if not retune:
+                    break
+                if self.max_rounds is not None and self.round >= self.max_rounds:
+                    break
+        finally:
+            self._exit_path()
+        yield self.phase
+
+    def _tune_round(self) -> Iterator[str]:
+        tuner = self.make_tuner(self.policy, self.env)
+        self._tuner = tuner
+        if self._stop:
+            tuner.request_stop()
+        try:
+            for ev in tuner.run():
+                phase = str(getattr(ev, "phase", self.phase))
+                msg = str(getattr(ev, "message", ""))
+                trial = getattr(ev, "trial", None)
+                self._set(phase, msg, trial)
+                as_json = _jsonable(ev)
+                kind = str(as_json.get("kind", "")) if isinstance(as_json, dict) else ""
+                if "guard" in kind.lower() or "guard" in msg.lower() or phase == ROLLBACK:
+                    self.guard_events.append({"t": self.clock.wall(), "trial": trial, "message": msg})
+                yield self.phase
+        finally:
+            self._tuner = None
+        self.result = tuner.result
+
+    def _hold(self) -> Generator[str, None, bool]:
+        """Watch the deployed configuration; return True to re-tune on sustained drift."""
+        hp = self.policy.hold
+        det = DriftDetector(threshold=hp.drift_threshold, needed=hp.drift_windows)
+        self._set(HOLD, "watching for workload drift")
+        self.hold = {"windows": 0, "drift_streak": 0}
+        yield self.phase
+        i = 0
+        while not self._stop and self._pending_policy is None:
+            # sleep in slices so the service can ping the watchdog and react to signals
+            remaining = hp.interval_s
+            while remaining > 0 and not self._stop and self._pending_policy is None:
+                step = min(remaining, 1.0)
+                self.clock.sleep(step)
+                remaining -= step
+                yield self.phase
+            if self._stop or self._pending_policy is not None:
+                return False
+            signals: dict[str, float] = {}
+            if self.meter is not None:
+                try:
+                    self.meter.begin()
+                except PolltunedError as e:
+                    log.warning("HOLD: counters unavailable: %s", e.message)
+            try:
+                w: Window = self.env.measure(10_000 + i)
+            except PolltunedError as e:
+                w = Window.failed(e.message)
+            if self.meter is not None:
+                try:
+                    signals.update(self.meter.end())
+                except PolltunedError as e:
+                    log.warning("HOLD: counters unavailable: %s", e.message)
+            i += 1
+            stat = w.stat(self.policy.objective.statistic) if w.ok else None
+            if stat is not None:
+                signals["latency_us"] = stat
+            drift = det.observe(signals)
+            self.hold = {
+                "windows": i,
+                "drift_streak": det.streak,
+                "last_window": w.to_json(),
+                "relative_change": det.last,
+                "signals": signals,
+            }
+            self._set(HOLD, f"window {i}: " + (
+                ", ".join(f"{k} {v:+.0%}" for k, v in det.last.items()) if det.last else "collecting reference"))
+            yield self.phase
+            if drift and hp.retune:
+                self._set(HOLD, f"workload drift for {det.streak} windows: re-tuning (warm start)")
+                yield self.phase
+                return True
+        return False
+
+    def _exit_path(self) -> None:
+        if self.policy.on_exit == "restore":
+            self._set(ROLLBACK, "restoring the original values (on_exit = restore)")
+            try:
+                self.actuator.rollback()
+            except PolltunedError as e:
+                log.error("rollback on exit failed: %s", e.message)
+                raise
+            self._set(STOPPED, "stopped; host restored")
+        else:
+            self._set(STOPPED, "stopped; deployed configuration kept (on_exit = keep)")
+
+
+def _jsonable(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    to_json = getattr(obj, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, Sequence):
+        return [_jsonable(v) for v in obj]
+    return str(obj)

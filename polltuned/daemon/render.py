@@ -1,0 +1,112 @@
+"""Text rendering of the status document (pure: JSON in, lines out)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*headers).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
+
+
+def _pct(x: Any) -> str:
+    return "-" if not isinstance(x, (int, float)) else f"{x * 100:+.1f} %"
+
+
+def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    out: list[str] = []
+    if running:
+        age = now - float(doc.get("updated", now))
+        out.append(f"polltuned: running (pid {doc.get('pid', '?')}), policy {doc.get('policy', '?')}"
+                   + (f", nic {doc['nic']}" if doc.get("nic") else ""))
+        out.append(f"phase:     {doc.get('phase', '?')}"
+                   + (f" — {doc['message']}" if doc.get("message") else "")
+                   + f"   (updated {age:.0f} s ago)")
+    else:
+        state = "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value"
+        out.append(f"polltuned: not running; host is {state}")
+        if doc:
+            out.append(f"last run:  policy {doc.get('policy', '?')}, ended in phase {doc.get('phase', '?')}"
+                       + (f" — {doc['message']}" if doc.get("message") else ""))
+        if dirty:
+            out.append("           undo with: polltuned rollback")
+    prog = doc.get("progress") or {}
+    if prog:
+        out.append(f"progress:  trial {_fmt(prog.get('trial'))} of {_fmt(prog.get('trials_budget'))}, "
+                   f"windows {_fmt(prog.get('windows_used'))}/{_fmt(prog.get('windows_budget'))}, "
+                   f"round {_fmt(prog.get('round'))}")
+    knobs = doc.get("knobs") or []
+    if knobs:
+        out.append("")
+        rows = [[str(k.get("key")), _fmt(k.get("original")), _fmt(k.get("current")), _fmt(k.get("best")),
+                 str(k.get("owner", "-")) + (f" ({k['note']})" if k.get("note") else "")] for k in knobs]
+        out += _table(["knob", "original", "current", "best", "owner"], rows)
+    res = doc.get("result") or {}
+    if res:
+        out.append("")
+        obj = res.get("objective_name", "objective")
+        b, c = res.get("baseline_objective"), res.get("best_objective")
+        line = f"{obj}: baseline {_fmt(b)} -> best {_fmt(c)}"
+        if isinstance(b, (int, float)) and isinstance(c, (int, float)) and b:
+            line += f" ({(c - b) / b * 100:+.1f} %)"
+        out.append(line)
+        conf = res.get("confirmation") or {}
+        if conf:
+            ci = conf.get("ci") or [None, None]
+            out.append(
+                f"confirmation: {conf.get('verdict', '?')} — gain {_pct(conf.get('gain'))} "
+                f"(95 % CI {_pct(ci[0])} … {_pct(ci[1])}, p = {_fmt(conf.get('p_value'))}, "
+                f"{_fmt(conf.get('pairs'))} interleaved pairs)"
+                + (f"; {conf['reason']}" if conf.get("reason") else "")
+            )
+    guards = doc.get("guard_events") or []
+    if guards:
+        out.append("")
+        out.append("guard events (latest last):")
+        for g in guards[-5:]:
+            out.append(f"  trial {_fmt(g.get('trial'))}: {g.get('message', '')}")
+    hold = doc.get("hold") or {}
+    if hold and doc.get("phase") == "HOLD":
+        out.append("")
+        rel = hold.get("relative_change") or {}
+        out.append(f"hold: {hold.get('windows', 0)} windows watched, drift streak {hold.get('drift_streak', 0)}"
+                   + ("; change vs reference: " + ", ".join(f"{k} {v:+.0%}" for k, v in rel.items()) if rel else ""))
+    rec = doc.get("recommendations") or {}
+    if rec:
+        out.append("")
+        for k, v in rec.items():
+            out.append(f"recommend: {k} = {_fmt(v.get('value') if isinstance(v, Mapping) else v)}"
+                       + (f"  ({v.get('why')})" if isinstance(v, Mapping) and v.get("why") else ""))
+    cnt = doc.get("counters") or {}
+    cpus = cnt.get("cpus") or []
+    if cpus:
+        out.append("")
+        rows = [[str(c.get("cpu")), _fmt(c.get("net_rx_per_s")), _fmt(c.get("irqs_per_s")),
+                 _pct_plain(c.get("softirq")), _pct_plain(c.get("system")), _fmt(c.get("runq_wait_ms_per_s"))]
+                for c in cpus[:16]]
+        out += _table(["cpu", "NET_RX/s", "IRQ/s", "softirq", "system", "runq wait ms/s"], rows)
+        if len(cpus) > 16:
+            out.append(f"… {len(cpus) - 16} more CPUs (polltuned top shows all)")
+    unavailable = cnt.get("unavailable") or {}
+    if unavailable:
+        out.append("counters unavailable: " + ", ".join(f"{k} ({v})" for k, v in sorted(unavailable.items())))
+    return "\n".join(out)
+
+
+def _pct_plain(x: Any) -> str:
+    return "-" if not isinstance(x, (int, float)) else f"{x * 100:.1f} %"
