@@ -1,0 +1,129 @@
+"""The foreground service loop behind `polltuned run` (systemd ExecStart, Type=notify).
+
+Signals only set flags; the loop acts on them between controller steps:
+  SIGTERM/SIGINT: end the current trial safely, then the policy's on_exit (restore | keep), exit 0.
+  SIGHUP: reload config + policy; an invalid policy is refused with one log line and the old one keeps running.
+sd_notify: READY=1 once recovery is done, STATUS= on every phase change, WATCHDOG=1 every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from polltuned.clock import Clock
+from polltuned.daemon.controller import RECOVER, Controller
+from polltuned.daemon.status import InstanceLock, write_status
+from polltuned.errors import PolltunedError
+from polltuned.host.systemd import Notifier
+from polltuned.policy.schema import Policy
+
+log = logging.getLogger("polltuned.daemon")
+
+
+@dataclass
+class _Flags:
+    stop: bool = False
+    reload: bool = False
+
+
+class Service:
+    def __init__(
+        self,
+        *,
+        controller: Controller,
+        notifier: Notifier,
+        run_dir: str,
+        clock: Clock,
+        build_status: Callable[[Controller], dict[str, Any]],
+        reload_policy: Callable[[], Policy],
+        status_interval_s: float = 5.0,
+    ) -> None:
+        self.controller = controller
+        self.notifier = notifier
+        self.run_dir = run_dir
+        self.clock = clock
+        self.build_status = build_status
+        self.reload_policy = reload_policy
+        self.status_interval_s = status_interval_s
+        self.flags = _Flags()
+        self.lock = InstanceLock(run_dir)
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.flags.stop = True
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self.flags.reload = True
+
+    def _publish(self) -> None:
+        doc = self.build_status(self.controller)
+        doc["pid"] = os.getpid()
+        doc["updated"] = self.clock.wall()
+        try:
+            write_status(self.run_dir, doc)
+        except OSError as e:
+            log.warning("cannot write status file in %s: %s", self.run_dir, e.strerror)
+
+    def _short(self) -> str:
+        c = self.controller
+        s = f"{c.phase}"
+        if c.trial is not None:
+            s += f" trial {c.trial}"
+        if c.message:
+            s += f": {c.message}"
+        return s[:200]
+
+    def run(self) -> int:
+        self.lock.acquire()
+        old = {
+            signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_stop),
+            signal.SIGINT: signal.signal(signal.SIGINT, self._on_stop),
+            signal.SIGHUP: signal.signal(signal.SIGHUP, self._on_hup),
+        }
+        ready = False
+        last_phase = ""
+        last_publish = -1e18
+        try:
+            for phase in self.controller.steps():
+                if self.flags.stop and not self.controller.stopping:
+                    log.info("stop requested: finishing the current step safely")
+                    self.notifier.stopping("finishing the current trial, then exiting")
+                    self.controller.request_stop()
+                if self.flags.reload:
+                    self.flags.reload = False
+                    self._reload()
+                if not ready and (phase != RECOVER or self.controller.recovery):
+                    ready = True
+                    self.notifier.ready(self._short())
+                self.notifier.watchdog()
+                now = self.clock.monotonic()
+                if phase != last_phase or now - last_publish >= self.status_interval_s:
+                    self._publish()
+                    self.notifier.status(self._short())
+                    last_phase, last_publish = phase, now
+            self._publish()
+            return 0
+        except PolltunedError:
+            self._publish()
+            raise
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            self.lock.release()
+
+    def _reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            policy = self.reload_policy()
+        except PolltunedError as e:
+            log.error("reload refused, keeping policy %r: %s", self.controller.policy.name,
+                      e.message.replace("\n", "; "))
+            self.notifier.status(f"reload refused: {e.message[:150]}")
+            return
+        log.info("reloaded policy %r; re-tuning after the current trial", policy.name)
+        self.controller.request_reload(policy)
