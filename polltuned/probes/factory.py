@@ -1,0 +1,66 @@
+"""Build the probe a policy asks for (explicit dispatch on ``kind``)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import cast
+
+from polltuned.clock import Clock
+from polltuned.errors import UsageError
+from polltuned.host.exec import Runner
+from polltuned.host.fs import Host
+from polltuned.policy.schema import CommandProbe as CommandConfig
+from polltuned.policy.schema import PrometheusProbe as PrometheusConfig
+from polltuned.policy.schema import SimProbe as SimConfig
+from polltuned.policy.schema import SockperfProbe as SockperfConfig
+from polltuned.policy.schema import TcpRttProbe as TcpRttConfig
+from polltuned.probes.base import Probe
+
+ProbeConfig = SockperfConfig | TcpRttConfig | PrometheusConfig | CommandConfig | SimConfig
+
+
+def make_probe(
+    cfg: ProbeConfig,
+    host: Host,
+    *,
+    clock: Clock,
+    runner: Runner | None = None,
+    client_cpus: Sequence[int] | None = None,
+    server_cpus: Sequence[int] | None = None,
+) -> Probe:
+    """The probe for ``cfg``. ``runner`` defaults to the real subprocess runner;
+    ``client_cpus``/``server_cpus`` are sockperf layout overrides (the bench's workloads)."""
+
+    def real_runner() -> Runner:
+        if runner is not None:
+            return runner
+        from polltuned.host.exec import SubprocessRunner
+
+        return SubprocessRunner()
+
+    if isinstance(cfg, SockperfConfig):
+        from polltuned.probes.sockperf import SockperfProbe
+
+        return SockperfProbe(cfg, real_runner(), clock=clock, client_cpus=client_cpus, server_cpus=server_cpus)
+    if isinstance(cfg, TcpRttConfig):
+        from polltuned.probes.tcp_rtt import TcpRttProbe
+
+        return TcpRttProbe(cfg, clock=clock)
+    if isinstance(cfg, PrometheusConfig):
+        from polltuned.probes.prometheus import PrometheusProbe
+
+        return PrometheusProbe(cfg, clock=clock)
+    if isinstance(cfg, CommandConfig):
+        from polltuned.probes.command import CommandProbe
+
+        return CommandProbe(cfg, real_runner(), clock=clock)
+    if isinstance(cfg, SimConfig):
+        # polltuned.probes.sim belongs to the simulation engine; imported by name to keep the
+        # dependency one-way and lazy.
+        mod = importlib.import_module("polltuned.probes.sim")
+        build = getattr(mod, "make_sim_probe", None)
+        if build is None:
+            raise UsageError("probe kind 'sim': polltuned.probes.sim has no make_sim_probe()")
+        return cast(Probe, build(cfg, host, clock=clock))
+    raise UsageError(f"probe.kind: unknown probe {getattr(cfg, 'kind', cfg)!r}")
