@@ -36,7 +36,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m")
 _VALID = re.compile(
     r"\[Valid Duration\]\s*RunTime=([\d.]+)\s*sec;\s*SentMessages=(\d+);\s*ReceivedMessages=(\d+)"
 )
-_AVG = re.compile(r"avg-(?:rtt|lat)=([\d.]+)\s*\(std-dev=([\d.]+)\)")
+_AVG = re.compile(r"avg-(?:rtt|latency)=([\d.]+)\s*\(std-dev=([\d.]+)\)")
 _DROPPED = re.compile(r"#\s*dropped messages\s*=\s*(\d+)")
 _SUMMARY = re.compile(r"Summary:\s*(?:Round trip|Latency) is\s*([\d.]+)\s*usec")
 _TOTAL = re.compile(r"Total\s+(\d+)\s+observations")
