@@ -1,0 +1,385 @@
+"""The actuator: the only caller of Knob.write/restore. Journal first, then write.
+
+apply(assignment) is a transaction:
+
+1. validate every value (KnobValueError before anything is written) and check the knobs exist;
+2. admin check: a managed knob whose live value differs from what polltuned last left there is
+   *released* (journaled; never written again; rollback leaves it alone) and skipped;
+3. open an epoch if the host is clean; journal the baseline (snapshot) of every knob touched for
+   the first time in the epoch — all baselines are fsync'd before the first write;
+4. per knob: journal ``intent`` -> write -> read back and verify -> journal ``applied``;
+5. on any failure, every knob this call touched is put back to its pre-call state in reverse
+   order (``undone``) and the error is raised;
+6. knobs changed as a side effect of our own writes (sysfs write-all clobbers per-NAPI values)
+   are journaled as ``observed`` so they are not mistaken for admin changes.
+
+rollback() restores every baseline of the open epoch in reverse first-touch order, skipping
+released knobs and reporting vanished ones; when nothing failed it closes the epoch (``clean``).
+It needs nothing but the state directory, so it works from a fresh process after a crash.
+
+Test hook: ``POLLTUNED_TEST_PAUSE_AFTER=STAGE[:N]`` (STAGE in baseline, intent, write) makes the
+process SIGSTOP itself right after the Nth such step (default 1st; the record is already
+fsync'd), so a crash test can SIGKILL it exactly there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from polltuned.clock import Clock
+from polltuned.errors import HostError, KnobUnsupported, PermissionNeeded, PolltunedError
+from polltuned.host.fs import Host
+from polltuned.journal import Journal, JournalState, KnobHistory
+from polltuned.knobs.base import JsonValue, Knob, KnobGone
+from polltuned.knobs.registry import KnobRegistry
+from polltuned.records import KnobValue
+
+log = logging.getLogger("polltuned.actuator")
+
+PAUSE_ENV = "POLLTUNED_TEST_PAUSE_AFTER"
+
+
+@dataclass(frozen=True)
+class KnobChange:
+    key: str
+    before: KnobValue | None
+    after: KnobValue
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    txn: int
+    changes: tuple[KnobChange, ...]
+    skipped_released: tuple[str, ...] = ()
+    released_now: tuple[str, ...] = ()
+
+
+RollbackOutcome = Literal["restored", "already", "released", "gone", "failed"]
+
+
+@dataclass(frozen=True)
+class RollbackItem:
+    key: str
+    outcome: RollbackOutcome
+    value: KnobValue | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RollbackReport:
+    items: tuple[RollbackItem, ...]
+    clean: bool                       # epoch closed: nothing of polltuned's left on the host
+    was_dirty: bool
+
+    @property
+    def ok(self) -> bool:
+        return all(i.outcome != "failed" for i in self.items)
+
+
+VerifyState = Literal["holds", "admin-changed", "kernel-reset", "gone", "released", "restored", "interrupted"]
+
+
+@dataclass(frozen=True)
+class VerifyRow:
+    key: str
+    state: VerifyState
+    expected: KnobValue | None
+    live: KnobValue | None
+    baseline: KnobValue | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ManagedKnob:
+    key: str
+    baseline: KnobValue | None
+    last_written: KnobValue | None
+    live: KnobValue | None
+    state: Literal["polltuned", "released", "unsupported", "gone", "restored"]
+
+
+class _Pauser:
+    def __init__(self) -> None:
+        spec = os.environ.get(PAUSE_ENV, "")
+        stage, _, n = spec.partition(":")
+        self.stage = stage
+        self.at = int(n) if n.isdigit() else 1
+        self.count = 0
+
+    def step(self, stage: str) -> None:
+        if not self.stage or stage != self.stage:
+            return
+        self.count += 1
+        if self.count == self.at:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _same(a: object, b: object) -> bool:
+    return (a == b and type(a) is type(b)) or (isinstance(a, int) and isinstance(b, int) and a == b)
+
+
+class Actuator:
+    def __init__(self, host: Host, journal: Journal, *, registry: KnobRegistry | None = None,
+                 app_cpus: Sequence[int] = (), clock: Clock) -> None:
+        self.host = host
+        self.journal = journal
+        self.registry = registry or KnobRegistry(host, app_cpus=app_cpus)
+        self.clock = clock
+
+    # -- reading ------------------------------------------------------------------------------
+    def knob(self, key: str) -> Knob:
+        return self.registry.get(key)
+
+    def read(self, keys: Iterable[str]) -> dict[str, KnobValue]:
+        return {k: self.knob(k).read() for k in keys}
+
+    # -- apply --------------------------------------------------------------------------------
+    def apply(self, assignment: Mapping[str, KnobValue], *, reason: str = "") -> ApplyResult:
+        knobs: dict[str, Knob] = {}
+        values: dict[str, KnobValue] = {}
+        for key, raw in assignment.items():  # 1. validate everything before touching anything
+            k = self.knob(key)
+            values[key] = k.validate(raw)
+            knobs[key] = k
+        for key, k in knobs.items():
+            av = k.availability()
+            if not av.present:
+                raise KnobUnsupported(f"{key}: {av.reason}")
+            if not av.writable:
+                raise PermissionNeeded(f"{key}: {av.reason}") if "root" in av.reason or "CAP_" in av.reason \
+                    else KnobUnsupported(f"{key}: {av.reason}")
+        pause = _Pauser()
+        with self.journal.locked():
+            st = self.journal.state()
+            released_now: list[str] = []
+            skipped: list[str] = []
+            # 2. admin wins (checked for every managed knob, so later changes are our side effects)
+            for key, h in st.knobs.items():
+                if h.released or h.gone:
+                    continue
+                if self._admin_changed(key, h):
+                    released_now.append(key)
+            st = self.journal.state()
+            todo = []
+            for key in values:
+                prev = st.knobs.get(key)
+                if prev is not None and prev.released:
+                    skipped.append(key)
+                    log.warning("%s: released (changed by the admin); not writing it", key)
+                else:
+                    todo.append(key)
+            # 3. epoch and baselines, all durable before the first write
+            if not st.open:
+                self.journal.append("epoch", epoch=st.epoch + 1)
+            txn = st.last_txn + 1
+            self.journal.append("txn", txn=txn, reason=reason, keys=todo)
+            baselines: dict[str, JsonValue] = {}
+            for key in todo:
+                hist = st.knobs.get(key)
+                if hist is None:
+                    snap = knobs[key].snapshot()
+                    val = knobs[key].read()
+                    self.journal.append("baseline", key=key, state=snap, value=val, kind=knobs[key].kind)
+                    pause.step("baseline")
+                    baselines[key] = snap
+                else:
+                    baselines[key] = hist.baseline_state
+            # pre-transaction state for undo
+            pre: dict[str, JsonValue] = {key: knobs[key].snapshot() for key in todo}
+            before: dict[str, KnobValue] = {key: knobs[key].read() for key in todo}
+            others = {key: h for key, h in self.journal.state().knobs.items()
+                      if key not in todo and not h.released and not h.gone and h.settled}
+            touched: list[str] = []
+            changes: list[KnobChange] = []
+            try:
+                for key in todo:  # 4. intent -> write -> verify -> applied
+                    k = knobs[key]
+                    self.journal.append("intent", key=key, value=values[key], txn=txn)
+                    pause.step("intent")
+                    touched.append(key)
+                    k.write(values[key], baseline=baselines[key])
+                    pause.step("write")
+                    if not k.verify(values[key]):
+                        raise HostError(f"{key}: wrote {values[key]!r} but the kernel reads back {k.read()!r}",
+                                        hint="the kernel or driver clamped/rejected the value; nothing kept")
+                    after = k.read()
+                    self.journal.append("applied", key=key, value=after, txn=txn)
+                    changes.append(KnobChange(key, before[key], after))
+            except Exception as e:
+                failures = self._undo(knobs, touched, pre, txn)
+                self.journal.append("txn-end", txn=txn, ok=False, error=str(e))
+                msg = e.message if isinstance(e, PolltunedError) else f"{type(e).__name__}: {e}"
+                if failures:
+                    msg += "; undo failed for " + ", ".join(failures) + " (run `polltuned rollback`)"
+                else:
+                    msg += "; every knob of this change was put back"
+                err = PolltunedError(f"apply failed: {msg}", code="apply-failed")
+                raise err from e
+            # 6. side effects of our own writes
+            for key, h in others.items():
+                try:
+                    live = self.knob(key).read()
+                except (HostError, PolltunedError):
+                    continue
+                if not _same(live, h.last_value):
+                    self.journal.append("observed", key=key, value=live, txn=txn)
+            self.journal.append("txn-end", txn=txn, ok=True)
+        for c in changes:
+            log.info("%s: %r -> %r%s", c.key, c.before, c.after, f" ({reason})" if reason else "")
+        return ApplyResult(txn, tuple(changes), tuple(skipped), tuple(released_now))
+
+    def _undo(self, knobs: Mapping[str, Knob], touched: list[str], pre: Mapping[str, JsonValue],
+              txn: int) -> list[str]:
+        failures = []
+        for key in reversed(touched):
+            k = knobs[key]
+            try:
+                k.restore(pre[key])
+                self.journal.append("undone", key=key, value=k.read(), txn=txn)
+            except Exception as e:  # keep undoing the others; rollback will retry from the baseline
+                log.error("%s: undo failed: %s", key, e)
+                failures.append(key)
+        return failures
+
+    def _admin_changed(self, key: str, h: KnobHistory) -> bool:
+        """Journal a release when the live value differs from what polltuned last left there."""
+        if not h.settled:  # interrupted write: we do not know; rollback restores the baseline
+            return False
+        try:
+            live = self.knob(key).read()
+        except KnobGone:
+            return False
+        except (HostError, PolltunedError):
+            return False
+        if _same(live, h.last_value):
+            return False
+        self.journal.append("released", key=key, live=live, expected=h.last_value)
+        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released, admin wins",
+                    key, live, h.last_value)
+        return True
+
+    # -- rollback -----------------------------------------------------------------------------
+    def rollback(self) -> RollbackReport:
+        with self.journal.locked():
+            st = self.journal.state()
+            if not st.open:
+                return RollbackReport((), True, False)
+            items: list[RollbackItem] = []
+            for h in sorted(st.knobs.values(), key=lambda x: x.order, reverse=True):
+                items.append(self._rollback_one(h))
+            clean = all(i.outcome != "failed" for i in items)
+            if clean:
+                self.journal.append("clean", epoch=st.epoch)
+            return RollbackReport(tuple(items), clean, True)
+
+    def _rollback_one(self, h: KnobHistory) -> RollbackItem:
+        key = h.key
+        if h.released:
+            return RollbackItem(key, "released", h.released_live, "changed by the admin; left alone")
+        if h.gone:
+            return RollbackItem(key, "gone", None, "vanished earlier")
+        try:
+            k = self.knob(key)
+            live = k.read()
+        except KnobGone as e:
+            self.journal.append("gone", key=key, detail=e.message)
+            return RollbackItem(key, "gone", None, e.message)
+        except PolltunedError as e:
+            return RollbackItem(key, "failed", None, e.message)
+        if h.settled and not _same(live, h.last_value):
+            self.journal.append("released", key=key, live=live, expected=h.last_value)
+            log.warning("%s: changed outside polltuned (%r); rollback leaves it", key, live)
+            return RollbackItem(key, "released", live, "changed by the admin; left alone")
+        try:
+            if k.matches(h.baseline_state):
+                self.journal.append("restored", key=key, value=h.baseline_value)
+                return RollbackItem(key, "already", h.baseline_value)
+            k.restore(h.baseline_state)
+            if not k.matches(h.baseline_state):
+                return RollbackItem(key, "failed", k.read(), f"restore of {h.baseline_value!r} did not stick")
+        except KnobGone as e:
+            self.journal.append("gone", key=key, detail=e.message)
+            return RollbackItem(key, "gone", None, e.message)
+        except PolltunedError as e:
+            return RollbackItem(key, "failed", None, e.message)
+        self.journal.append("restored", key=key, value=h.baseline_value)
+        log.info("%s: restored %r", key, h.baseline_value)
+        return RollbackItem(key, "restored", h.baseline_value)
+
+    # -- verify / status ---------------------------------------------------------------------
+    def verify(self) -> list[VerifyRow]:
+        rows: list[VerifyRow] = []
+        with self.journal.locked():
+            st = self.journal.state()
+            if not st.open:
+                return rows
+            for h in sorted(st.knobs.values(), key=lambda x: x.order):
+                rows.append(self._verify_one(h))
+        return rows
+
+    def _verify_one(self, h: KnobHistory) -> VerifyRow:
+        key = h.key
+        if h.released:
+            return VerifyRow(key, "released", h.last_value, h.released_live, h.baseline_value,
+                             "changed by the admin earlier; polltuned no longer writes it")
+        try:
+            live: KnobValue | None = self.knob(key).read()
+        except KnobGone as e:
+            return VerifyRow(key, "gone", h.last_value, None, h.baseline_value, e.message)
+        except PolltunedError as e:
+            return VerifyRow(key, "gone", h.last_value, None, h.baseline_value, e.message)
+        if not h.settled:
+            return VerifyRow(key, "interrupted", h.last_value, live, h.baseline_value,
+                             "a write was interrupted (crash); rollback restores the baseline")
+        if _same(live, h.last_value):
+            return VerifyRow(key, "restored" if h.restored else "holds", h.last_value, live, h.baseline_value)
+        if _same(live, h.baseline_value):
+            return VerifyRow(key, "kernel-reset", h.last_value, live, h.baseline_value,
+                             "back at its original value (device reset or re-created)")
+        self.journal.append("released", key=key, live=live, expected=h.last_value)
+        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released", key, live, h.last_value)
+        return VerifyRow(key, "admin-changed", h.last_value, live, h.baseline_value,
+                         "changed outside polltuned: released (admin wins)")
+
+    def state(self) -> JournalState:
+        return self.journal.state()
+
+    def is_dirty(self) -> bool:
+        st = self.journal.state()
+        if not st.open:
+            return False
+        for h in st.knobs.values():
+            if h.released or h.gone:
+                continue
+            try:
+                k = self.knob(h.key)
+                if not h.settled or not k.matches(h.baseline_state):
+                    return True
+            except KnobGone:
+                continue
+            except PolltunedError:
+                return True
+        return False
+
+    def managed(self) -> list[ManagedKnob]:
+        st = self.journal.state()
+        out: list[ManagedKnob] = []
+        if not st.open:
+            return out
+        for h in sorted(st.knobs.values(), key=lambda x: x.order):
+            live: KnobValue | None = None
+            state: Literal["polltuned", "released", "unsupported", "gone", "restored"]
+            try:
+                live = self.knob(h.key).read()
+                state = "released" if h.released else ("restored" if h.restored else "polltuned")
+            except KnobGone:
+                state = "gone"
+            except PolltunedError:
+                state = "unsupported"
+            out.append(ManagedKnob(h.key, h.baseline_value, h.last_value, live, state))
+        return out

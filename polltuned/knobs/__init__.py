@@ -1,0 +1,1 @@
+"""Knobs: one module per kernel interface, plus the explicit registry (:mod:`.registry`)."""

@@ -1,0 +1,187 @@
+"""IRQ affinity of a NIC's queue IRQs, as strategies rather than raw masks: ``DEV:irq_affinity``.
+
+Strategies (values of the knob):
+
+* ``kernel-default`` — what was there before polltuned first touched it (the baseline snapshot);
+* ``spread``   — queue IRQ i on online CPU i mod n (one queue per CPU);
+* ``pack-app`` — every queue IRQ on the application's CPUs (``app_cpus``);
+* ``avoid-app``— every queue IRQ on the online CPUs that are *not* application CPUs.
+
+Each expands to ``/proc/irq/N/smp_affinity_list`` writes (the list form: ERANGE instead of the
+mask form's EOVERFLOW beyond nr_cpu_ids), verified through ``effective_affinity_list`` (the
+CPU(s) the vector really targets must lie inside the requested set). Managed IRQs (mode 0444
+since 6.12; writes fail EPERM, EIO before) are detected without writing and skipped with one
+notice. Queue IRQs come from the PCI function's ``msi_irqs`` (``device/msi_irqs`` or, for
+virtio, ``device/../msi_irqs``) filtered by their action names (config/control vectors dropped).
+"""
+
+from __future__ import annotations
+
+import re
+
+from polltuned.errors import HostError, KnobValueError
+from polltuned.host.cpus import format_cpu_list, online_cpus, parse_cpu_list
+from polltuned.host.fs import Host
+from polltuned.knobs.base import Availability, JsonValue, Knob, choice_domain, gone_or_raise
+from polltuned.records import KnobValue
+
+STRATEGIES = ("kernel-default", "spread", "pack-app", "avoid-app")
+
+_NON_QUEUE = re.compile(r"(config|ctrl|control|async|mgmt|misc|fw|cmd|aq|event|err|-req\.)", re.I)
+
+
+def is_queue_irq_name(name: str) -> bool:
+    """Queue vectors by /sys/kernel/irq/N/actions name (knobs.md 3.4.3): ``virtio2-input.0``,
+    ``i40e-eth0-TxRx-3``, ``mlx5_comp3@pci:...``, ``gve-ntfy-blk0``; not ``virtio2-config``."""
+    return bool(name) and not _NON_QUEUE.search(name)
+
+
+def expand_strategy(strategy: str, irqs: list[int], online: list[int], app: list[int]) -> dict[int, list[int]]:
+    """Pure: strategy -> {irq: cpus}. Raises ValueError when the strategy cannot be expanded."""
+    if not online:
+        raise ValueError("no online CPUs")
+    if strategy == "spread":
+        return {irq: [online[i % len(online)]] for i, irq in enumerate(sorted(irqs))}
+    if strategy == "pack-app":
+        cpus = [c for c in app if c in online]
+        if not cpus:
+            raise ValueError("pack-app needs app_cpus that are online")
+        return {irq: cpus for irq in irqs}
+    if strategy == "avoid-app":
+        cpus = [c for c in online if c not in app]
+        if not app:
+            raise ValueError("avoid-app needs app_cpus")
+        if not cpus:
+            raise ValueError("avoid-app: every online CPU is an application CPU")
+        return {irq: cpus for irq in irqs}
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+class IrqAffinityKnob(Knob):
+    kind = "irq-affinity"
+
+    def __init__(self, host: Host, dev: str, app_cpus: tuple[int, ...] | list[int]) -> None:
+        self.host = host
+        self.dev = dev
+        self.app = sorted(set(app_cpus))
+        self.key = f"{dev}:irq_affinity"
+        self.domain = choice_domain(STRATEGIES, "expanded to /proc/irq/N/smp_affinity_list writes")
+        self._last_plan: dict[int, list[int]] | None = None
+
+    # -- discovery ---------------------------------------------------------------------------
+    def _msi_dir(self) -> str | None:
+        for d in (f"/sys/class/net/{self.dev}/device/msi_irqs", f"/sys/class/net/{self.dev}/device/../msi_irqs"):
+            if self.host.exists(d):
+                return d
+        return None
+
+    def queue_irqs(self) -> list[int]:
+        d = self._msi_dir()
+        if d is None:
+            return []
+        out = []
+        for n in self.host.glob(d, "*"):
+            if not n.isdigit():
+                continue
+            name = ""
+            if self.host.exists(f"/sys/kernel/irq/{n}/actions"):
+                name = self.host.read_text(f"/sys/kernel/irq/{n}/actions").strip()
+            if is_queue_irq_name(name):
+                out.append(int(n))
+        return sorted(out)
+
+    def managed(self, irq: int) -> bool:
+        return not self.host.is_writable(f"/proc/irq/{irq}/smp_affinity_list")
+
+    def settable_irqs(self) -> tuple[list[int], list[int]]:
+        irqs = self.queue_irqs()
+        return [i for i in irqs if not self.managed(i)], [i for i in irqs if self.managed(i)]
+
+    def availability(self) -> Availability:
+        if not self.host.exists(f"/sys/class/net/{self.dev}"):
+            return Availability(False, False, f"no device {self.dev}")
+        irqs = self.queue_irqs()
+        if not irqs:
+            return Availability(False, False, f"{self.dev} has no queue IRQs (virtual device or no MSI vectors)")
+        ok, managed = self.settable_irqs()
+        notes = (f"managed IRQs skipped (read-only, kernel-owned affinity): {', '.join(map(str, managed))}",) \
+            if managed else ()
+        if not ok:
+            return Availability(True, False, "all queue IRQs are managed (affinity owned by the kernel)", notes)
+        return Availability(True, True, notices=notes)
+
+    # -- values ------------------------------------------------------------------------------
+    def validate(self, value: object) -> KnobValue:
+        v = super().validate(value)
+        if v in ("pack-app", "avoid-app"):
+            try:
+                online = online_cpus(self.host)
+            except HostError:
+                online = []
+            try:
+                expand_strategy(str(v), [0], online or list(self.app), self.app)
+            except ValueError as e:
+                raise KnobValueError(f"{self.key}: {v!r}: {e} (app_cpus={self.app or 'unset'})") from None
+        return v
+
+    def _current(self) -> dict[str, str]:
+        ok, _ = self.settable_irqs()
+        out: dict[str, str] = {}
+        for irq in ok:
+            p = f"/proc/irq/{irq}/smp_affinity_list"
+            try:
+                out[str(irq)] = format_cpu_list(parse_cpu_list(self.host.read_text(p), p))
+            except HostError as e:
+                raise gone_or_raise(self.key, e) from e
+        return out
+
+    def read(self) -> KnobValue:
+        if not self.host.exists(f"/sys/class/net/{self.dev}"):
+            from polltuned.knobs.base import KnobGone
+
+            raise KnobGone(f"{self.key}: no device {self.dev}")
+        return ";".join(f"{k}:{v}" for k, v in sorted(self._current().items(), key=lambda kv: int(kv[0])))
+
+    def snapshot(self) -> JsonValue:
+        cur: dict[str, JsonValue] = dict(self._current())
+        return cur
+
+    def plan(self, strategy: str, baseline: JsonValue) -> dict[int, list[int]]:
+        ok, _ = self.settable_irqs()
+        if strategy == "kernel-default":
+            if not isinstance(baseline, dict):
+                return {}
+            return {int(k): parse_cpu_list(str(v)) for k, v in baseline.items() if int(k) in ok}
+        try:
+            return expand_strategy(strategy, ok, online_cpus(self.host), self.app)
+        except ValueError as e:
+            raise KnobValueError(f"{self.key}: {strategy!r}: {e}") from None
+
+    def write(self, value: KnobValue, *, baseline: JsonValue = None) -> None:
+        self._last_plan = self.plan(str(value), baseline)
+        for irq, cpus in self._last_plan.items():
+            self.host.write_text(f"/proc/irq/{irq}/smp_affinity_list", format_cpu_list(cpus) + "\n")
+
+    def verify(self, value: KnobValue) -> bool:
+        plan = self._last_plan
+        if plan is None:
+            return False
+        for irq, cpus in plan.items():
+            p = f"/proc/irq/{irq}/smp_affinity_list"
+            if parse_cpu_list(self.host.read_text(p), p) != sorted(cpus):
+                return False
+            eff = f"/proc/irq/{irq}/effective_affinity_list"
+            if self.host.exists(eff):
+                e = parse_cpu_list(self.host.read_text(eff), eff)
+                if e and not set(e) <= set(cpus):
+                    return False
+        return True
+
+    def restore(self, state: JsonValue) -> None:
+        self.write("kernel-default", baseline=state)
+
+    def matches(self, state: JsonValue) -> bool:
+        if not isinstance(state, dict):
+            return False
+        cur = self._current()
+        return all(cur.get(k) == v for k, v in state.items() if k in cur)
