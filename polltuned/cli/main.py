@@ -17,6 +17,10 @@ from polltuned.errors import ExitCode, PolltunedError
 
 #: subcommand -> module implementing it
 COMMANDS: dict[str, str] = {
+    "check": "polltuned.cli.check",
+    "apply": "polltuned.cli.apply",
+    "rollback": "polltuned.cli.rollback",
+    "verify": "polltuned.cli.verify",
     "top": "polltuned.cli.top",
 }
 

@@ -44,6 +44,16 @@ def _in_netns(netns: str | None) -> Iterator[None]:
         pnetns.popns()
 
 
+def _wrap(dev: str, what: str, e: Exception) -> HostError:
+    name = type(e).__name__
+    if name == "NotSupportedError":
+        return HostError(f"{dev}: coalesce {what}: {os.strerror(errno_mod.EOPNOTSUPP)}", errno=errno_mod.EOPNOTSUPP)
+    if name == "NoSuchDevice":
+        return HostError(f"{dev}: coalesce {what}: {os.strerror(errno_mod.ENODEV)}", errno=errno_mod.ENODEV)
+    en = getattr(e, "errno", None) or getattr(e, "code", None)
+    return HostError(f"{dev}: coalesce {what}: {name}", errno=en if isinstance(en, int) else None)
+
+
 def get_coalesce(host: Host, netns: str | None, dev: str) -> dict[str, int]:
     if not host.is_real:
         p = f"/ethtool/{netns or '-'}/{dev}/coalesce"
@@ -57,9 +67,8 @@ def get_coalesce(host: Host, netns: str | None, dev: str) -> dict[str, int]:
             return {str(k): int(v) for k, v in et.get_coalesce(dev).items()}
     except OSError as e:
         raise HostError(f"{dev}: coalesce get: {os.strerror(e.errno or 0)}", errno=e.errno) from e
-    except Exception as e:  # pyroute2 wraps some ioctl failures
-        en = getattr(e, "errno", None) or getattr(e, "code", None)
-        raise HostError(f"{dev}: coalesce get: {e}", errno=en if isinstance(en, int) else None) from e
+    except Exception as e:  # pyroute2 wraps ioctl failures (NotSupportedError, NoSuchDevice...)
+        raise _wrap(dev, "get", e) from e
 
 
 def set_coalesce(host: Host, netns: str | None, dev: str, values: Mapping[str, int]) -> None:
@@ -76,5 +85,4 @@ def set_coalesce(host: Host, netns: str | None, dev: str, values: Mapping[str, i
     except OSError as e:
         raise HostError(f"{dev}: coalesce set {dict(values)}: {os.strerror(e.errno or 0)}", errno=e.errno) from e
     except Exception as e:
-        en = getattr(e, "errno", None) or getattr(e, "code", None)
-        raise HostError(f"{dev}: coalesce set {dict(values)}: {e}", errno=en if isinstance(en, int) else None) from e
+        raise _wrap(dev, f"set {dict(values)}", e) from e

@@ -1,0 +1,47 @@
+"""Shared wiring for the knob subcommands (check/apply/rollback/verify)."""
+
+from __future__ import annotations
+
+import argparse
+
+from polltuned.actuator import Actuator
+from polltuned.clock import SystemClock
+from polltuned.errors import UsageError
+from polltuned.host.cpus import parse_cpu_list
+from polltuned.host.fs import FsHost
+from polltuned.journal import Journal
+from polltuned.knobs.registry import KnobRegistry
+from polltuned.records import KnobValue
+
+
+def add_app_cpus(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--app-cpus", default="", metavar="LIST",
+                   help="application CPUs (kernel list form, e.g. 0-1,4) for pack-app/avoid-app strategies")
+
+
+def app_cpus(args: argparse.Namespace) -> list[int]:
+    text = getattr(args, "app_cpus", "") or ""
+    try:
+        return parse_cpu_list(text, "--app-cpus")
+    except Exception:
+        raise UsageError(f"--app-cpus: {text!r} is not a CPU list (e.g. 0-1,4)") from None
+
+
+def build_actuator(args: argparse.Namespace) -> Actuator:
+    host = FsHost(args.host_root)
+    cpus = app_cpus(args)
+    clock = SystemClock()
+    return Actuator(host, Journal(args.state_dir, clock=clock), registry=KnobRegistry(host, app_cpus=cpus),
+                    app_cpus=cpus, clock=clock)
+
+
+def parse_assignment_value(text: str) -> KnobValue:
+    """CLI value: an integer when it looks like one, else the string (strategy names)."""
+    t = text.strip()
+    if t.lstrip("+-").isdigit():
+        return int(t)
+    return t
+
+
+def fmt(v: object) -> str:
+    return "-" if v is None else str(v)

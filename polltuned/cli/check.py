@@ -1,0 +1,159 @@
+"""``polltuned check [POLICY] [--json]``: every knob on this host — present, writable, current
+value, domain, and why not when unusable — plus other owners of the same knobs (tuned,
+irqbalance). With POLICY: whether this host supports every knob the policy tunes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from polltuned.cli._knobs_common import add_app_cpus, app_cpus
+from polltuned.errors import ExitCode, HostError, PolltunedError
+from polltuned.host.fs import FsHost, Host
+from polltuned.knobs.base import Knob
+from polltuned.knobs.owners import detect_owners
+from polltuned.knobs.registry import KnobRegistry
+from polltuned.knobs.sysctl import SYSCTLS
+from polltuned.knobs.vhost import VMM_OWNED_NOTE, vhost_threads
+
+HELP = "list every knob on this host (present, writable, value, domain, reason) and other owners"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("policy", nargs="?", default=None, metavar="POLICY",
+                   help="validate this policy's knobs against this host instead of listing all knobs")
+    p.add_argument("--nic", default=None, help="the NIC (for {nic} in a policy, or to limit the listing)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_app_cpus(p)
+
+
+def knob_row(k: Knob) -> dict[str, Any]:
+    row: dict[str, Any] = {"key": k.key, "kind": k.kind, "domain": k.domain.to_json()}
+    try:
+        av = k.availability()
+    except PolltunedError as e:
+        row.update(present=False, writable=False, value=None, reason=e.message, notices=[])
+        return row
+    value: Any = None
+    reason = av.reason
+    if av.present:
+        try:
+            value = k.read()
+        except PolltunedError as e:
+            reason = reason or f"read failed: {e.message}"
+    row.update(present=av.present, writable=av.writable, value=value, reason=reason, notices=list(av.notices))
+    return row
+
+
+def host_report(host: Host, reg: KnobRegistry, devices: list[str] | None) -> dict[str, Any]:
+    rows = []
+    for key in reg.catalogue_keys(devices):
+        try:
+            rows.append(knob_row(reg.get(key)))
+        except PolltunedError as e:
+            rows.append({"key": key, "present": False, "writable": False, "value": None, "reason": e.message})
+    caps = reg.napi_caps()
+    release = ""
+    try:
+        release = host.read_text("/proc/sys/kernel/osrelease").strip()
+    except HostError:
+        pass
+    vhost_loaded = host.exists("/sys/module/vhost_net")
+    workers = len(vhost_threads(host))
+    owners = detect_owners(host, list(SYSCTLS))
+    managed = []
+    for n in host.glob("/proc/irq", "[0-9]*"):
+        if host.exists(f"/proc/irq/{n}/smp_affinity_list") and not host.is_writable(f"/proc/irq/{n}/smp_affinity_list"):
+            name = ""
+            if host.exists(f"/sys/kernel/irq/{n}/actions"):
+                name = host.read_text(f"/sys/kernel/irq/{n}/actions").strip()
+            managed.append({"irq": int(n), "name": name,
+                            "reason": "managed IRQ: smp_affinity is read-only (0444), writes fail EPERM; skipped"})
+    managed.sort(key=lambda d: int(str(d["irq"])))
+    return {
+        "kernel": release,
+        "knobs": rows,
+        "managed_irqs": managed,
+        "napi_set": {"present": caps.present, "reason": caps.reason,
+                     "threaded_busy_poll": caps.present and caps.attrs.get("threaded", (0, 1))[1] >= 2,
+                     "attrs": {k: {"min": lo, "max": hi} for k, (lo, hi) in caps.attrs.items()}},
+        "vhost": {"vhost_net_loaded": vhost_loaded,
+                  "reason": "" if vhost_loaded else "vhost_net not loaded (no /sys/module/vhost_net): not a vhost host",
+                  "busyloop": VMM_OWNED_NOTE, "workers": workers,
+                  "workers_note": "" if workers else "no vhost workers"},
+        "owners": [{"name": o.name, "active": o.active, "knobs": list(o.knobs), "detail": o.detail,
+                    "action": o.action} for o in owners],
+    }
+
+
+def policy_problems(reg: KnobRegistry, keys: list[str], bounds: dict[str, tuple[float | None, float | None]]
+                    ) -> list[str]:
+    problems = []
+    for key in keys:
+        try:
+            k = reg.get(key)
+            av = k.availability()
+        except PolltunedError as e:
+            problems.append(f"{key}: {e.message}")
+            continue
+        if not av.present:
+            problems.append(f"{key}: not available on this host: {av.reason}")
+            continue
+        if not av.writable:
+            problems.append(f"{key}: not writable: {av.reason}")
+        lo, hi = bounds.get(key, (None, None))
+        if k.domain.kind == "int":
+            for name, b in (("min", lo), ("max", hi)):
+                if b is not None and not k.domain.lo <= b <= k.domain.hi:
+                    problems.append(f"{key}: policy {name} {b:g} is outside the kernel range {k.domain.describe()}")
+    return problems
+
+
+def run(args: argparse.Namespace) -> int:
+    host = FsHost(args.host_root)
+    reg = KnobRegistry(host, app_cpus=app_cpus(args))
+    if args.policy is not None:
+        from polltuned.policy import load_policy
+
+        pol = load_policy(args.policy, nic=args.nic)
+        if pol.app_cpus and not args.app_cpus:
+            reg = KnobRegistry(host, app_cpus=pol.app_cpus)
+        keys = list(pol.knobs)
+        bounds = {k: (s.min, s.max) for k, s in pol.knobs.items()}
+        problems = policy_problems(reg, keys, bounds)
+        if args.json:
+            print(json.dumps({"policy": pol.name, "knobs": keys, "problems": problems}, indent=2))
+        else:
+            for p in problems:
+                print(f"polltuned: check: {p}")
+            if not problems:
+                print(f"policy {pol.name!r}: every knob ({len(keys)}) is supported on this host")
+        return int(ExitCode.UNSUPPORTED if problems else ExitCode.OK)
+    devices = [args.nic] if args.nic else None
+    rep = host_report(host, reg, devices)
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+        return int(ExitCode.OK)
+    print(f"kernel {rep['kernel'] or '?'}")
+    for r in rep["knobs"]:
+        state = "ok" if r["present"] and r["writable"] else ("read-only" if r["present"] else "absent")
+        dom = r.get("domain") or {}
+        drange = (" one of " + ",".join(dom.get("choices", []))) if dom.get("kind") == "choice" else \
+            (f" {dom.get('min')}..{dom.get('max')}" if dom else "")
+        line = f"{r['key']:<44} {state:<9} value={r['value'] if r['value'] is not None else '-'}{drange}"
+        if r.get("reason"):
+            line += f"  [{r['reason']}]"
+        for n in r.get("notices", []):
+            line += f"  ({n})"
+        print(line)
+    print(rep["vhost"]["busyloop"])
+    if not rep["vhost"]["workers"]:
+        print("vhost:affinity: no vhost workers")
+    for m in rep["managed_irqs"]:
+        print(f"irq {m['irq']} ({m['name']}): {m['reason']}")
+    if rep["napi_set"]["present"] and not rep["napi_set"]["threaded_busy_poll"]:
+        print("threaded busy-poll (threaded=2): not supported by this kernel")
+    for o in rep["owners"]:
+        print(f"owner {o['name']}: {o['detail']}; {o['action']}")
+    return int(ExitCode.OK)

@@ -1,0 +1,32 @@
+"""``polltuned verify``: re-read every managed knob; say which hold polltuned's value, which the
+admin changed (released: admin wins), which the kernel reset, which vanished."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from polltuned.cli._knobs_common import build_actuator, fmt
+from polltuned.errors import ExitCode
+
+HELP = "re-read every managed knob: holds / admin-changed / kernel-reset / gone"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    act = build_actuator(args)
+    rows = act.verify()
+    if args.json:
+        print(json.dumps([{"key": r.key, "state": r.state, "expected": r.expected, "live": r.live,
+                           "baseline": r.baseline, "detail": r.detail} for r in rows], indent=2))
+    else:
+        if not rows:
+            print("no managed knobs: the host is clean")
+        for r in rows:
+            extra = f" — {r.detail}" if r.detail else ""
+            print(f"{r.key}: {r.state} (live {fmt(r.live)}, polltuned {fmt(r.expected)}, "
+                  f"original {fmt(r.baseline)}){extra}")
+    return int(ExitCode.OK)
