@@ -12,7 +12,7 @@ def uints(tokens: list[str], path: str, lineno: int, what: str) -> list[int]:
     if not tokens or not (joined.isascii() and joined.isdigit()):
         bad = next((t for t in tokens if not (t.isascii() and t.isdigit())), "")
         raise ParseError(path, lineno, f"{what}: expected unsigned decimal integers, got {bad[:40]!r}")
-    return [int(t) for t in tokens]
+    return list(map(int, tokens))
 
 
 def uint(token: str, path: str, lineno: int, what: str) -> int:

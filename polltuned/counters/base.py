@@ -19,7 +19,7 @@ from typing import Generic, Protocol, TypeVar
 
 from polltuned.counters.nicmap import NicInfo
 from polltuned.errors import HostError
-from polltuned.host.fs import Host
+from polltuned.host.fs import FsHost, Host, KeptFile
 
 T = TypeVar("T")
 
@@ -53,26 +53,61 @@ class Collector(Protocol):
     def start(self, host: Host, ctx: SampleContext) -> Reader: ...
 
 
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EOPNOTSUPP)
+
+
 def read_or_absent(host: Host, path: str) -> str:
     try:
         return host.read_text(path)
     except HostError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EOPNOTSUPP):
+        if e.errno in _ABSENT:
             raise Absent(path) from e
         raise
 
 
+class TextSource:
+    """Whole-file reads of one kernel path: a kept fd + pread on an FsHost (cheaper per
+    sample), ``host.read_text`` for any other Host. Raises Absent when the file does not exist."""
+
+    def __init__(self, host: Host, path: str) -> None:
+        self._host = host
+        self.path = path
+        self._kept: KeptFile | None = None
+        if isinstance(host, FsHost):
+            try:
+                self._kept = host.open_kept(path)
+            except HostError as e:
+                if e.errno in _ABSENT:
+                    raise Absent(path) from e
+                raise
+
+    def read(self) -> str:
+        if self._kept is not None:
+            try:
+                return self._kept.read()
+            except HostError as e:
+                if e.errno in _ABSENT:
+                    raise Absent(self.path) from e
+                raise
+        return read_or_absent(self._host, self.path)
+
+    def close(self) -> None:
+        if self._kept is not None:
+            self._kept.close()
+            self._kept = None
+
+
 class _FileReader(Generic[T]):
     def __init__(self, host: Host, path: str, parse: Callable[[str, str], T]) -> None:
-        self._host = host
+        self._src = TextSource(host, path)
         self._path = path
         self._parse = parse
 
     def read(self) -> T:
-        return self._parse(read_or_absent(self._host, self._path), self._path)
+        return self._parse(self._src.read(), self._path)
 
     def close(self) -> None:
-        return None
+        self._src.close()
 
 
 @dataclass(frozen=True)

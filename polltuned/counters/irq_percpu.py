@@ -14,20 +14,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from polltuned.counters._util import uints
 from polltuned.errors import ParseError
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
 WIDTH_BITS = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class IrqCounts:
+    """``counts`` is a read-only int64 numpy array, index = CPU id (numpy keeps the 64 queues x
+    256 CPUs of a big host within the per-sample budget)."""
+
     irq: int
-    counts: tuple[int, ...]   # index = CPU id
+    counts: npt.NDArray[np.int64]
 
     def per_cpu(self) -> dict[int, int]:
-        return dict(enumerate(self.counts))
+        return dict(enumerate(self.counts.tolist()))
 
 
 def parse_per_cpu_count(text: str, path: str, irq: int) -> IrqCounts:
@@ -36,7 +44,18 @@ def parse_per_cpu_count(text: str, path: str, irq: int) -> IrqCounts:
     body = text[:-1]
     if "\n" in body:
         raise ParseError(path, 2, "expected a single line")
-    return IrqCounts(irq, tuple(uints(body.split(","), path, 1, "per_cpu_count")))
+    import numpy as np
+
+    digits = body.replace(",", "")
+    if not (digits.isascii() and digits.isdigit() and ",," not in body
+            and body[0] != "," and body[-1] != ","):
+        uints(body.split(","), path, 1, "per_cpu_count")  # raises the precise ParseError
+        raise ParseError(path, 1, "malformed per_cpu_count")
+    if len(digits) > 10 * (body.count(",") + 1) and any(len(t) > 10 for t in body.split(",")):
+        raise ParseError(path, 1, "count wider than 32 bits")
+    arr = np.fromstring(body, dtype=np.int64, sep=",")
+    arr.flags.writeable = False
+    return IrqCounts(irq, arr)
 
 
 def irq_path(irq: int) -> str:

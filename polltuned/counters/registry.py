@@ -5,7 +5,15 @@ from __future__ import annotations
 import errno
 from collections.abc import Mapping
 
-from polltuned.counters.base import Absent, Collector, FileCollector, Reader, SampleContext, read_or_absent
+from polltuned.counters.base import (
+    Absent,
+    Collector,
+    FileCollector,
+    Reader,
+    SampleContext,
+    TextSource,
+    read_or_absent,
+)
 from polltuned.counters.interrupts import PATH as INTERRUPTS_PATH
 from polltuned.counters.interrupts import parse_interrupts
 from polltuned.counters.irq_percpu import IrqCounts, irq_path, parse_per_cpu_count
@@ -32,23 +40,31 @@ PSI_IRQ = "/proc/pressure/irq"
 class _IrqPercpuReader:
     def __init__(self, host: Host, irqs: list[int]) -> None:
         self._host = host
-        self._irqs = irqs
-        self._paths = [irq_path(n) for n in irqs]
+        self._src: dict[int, TextSource | None] = {}
+        for n in irqs:
+            try:
+                self._src[n] = TextSource(host, irq_path(n))
+            except Absent:
+                self._src[n] = None   # IRQ freed since discovery
 
     def read(self) -> Mapping[int, IrqCounts]:
         out: dict[int, IrqCounts] = {}
-        for irq, p in zip(self._irqs, self._paths):
+        for irq, src in self._src.items():
+            if src is None:
+                continue
             try:
-                text = self._host.read_text(p)
-            except HostError as e:
-                if e.errno == errno.ENOENT:
-                    continue  # IRQ freed (driver reset, ethtool -L): its rate becomes unavailable
-                raise
-            out[irq] = parse_per_cpu_count(text, p, irq)
+                text = src.read()
+            except (Absent, HostError) as e:
+                if isinstance(e, HostError) and e.errno not in (errno.ENODEV, errno.ENOENT):
+                    raise
+                continue  # IRQ freed (driver reset, ethtool -L): its rate becomes unavailable
+            out[irq] = parse_per_cpu_count(text, src.path, irq)
         return out
 
     def close(self) -> None:
-        return None
+        for src in self._src.values():
+            if src is not None:
+                src.close()
 
 
 class IrqPercpuCollector:

@@ -13,6 +13,7 @@ Rows are per online CPU, *not* indexed by CPU id: column 13 carries the id (comm
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from polltuned.errors import ParseError
 
 PATH = "/proc/net/softnet_stat"
 WIDTH_BITS = 32
-_HEX = frozenset("0123456789abcdef")
+_ROW = re.compile(r"[0-9a-f]{8}(?: [0-9a-f]{8}){12}(?: [0-9a-f]{8}){2}?")
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ def parse_softnet(text: str, path: str = PATH) -> Mapping[int, SoftnetRow]:
         parts = line.split()
         if len(parts) not in (13, 15):
             raise ParseError(path, lineno, f"expected 13 or 15 columns, got {len(parts)}")
-        for p in parts:
-            if len(p) != 8 or not _HEX.issuperset(p):
-                raise ParseError(path, lineno, f"expected 8-digit lowercase hex, got {p[:40]!r}")
+        if not _ROW.fullmatch(line):
+            bad = next((p for p in parts if len(p) != 8 or not re.fullmatch("[0-9a-f]+", p)), line)
+            raise ParseError(path, lineno, f"expected 8-digit lowercase hex columns, got {bad[:40]!r}")
         v = [int(p, 16) for p in parts]
         cpu = v[12]
         if cpu in rows:

@@ -28,6 +28,41 @@ class Host(Protocol):
     def readlink(self, p: str) -> str: ...
 
 
+class KeptFile:
+    """A file kept open and re-read with ``pread(fd, n, 0)``: procfs seq_files and sysfs
+    attributes regenerate their content when read from offset 0, so this skips the path walk
+    and open/close of every sample (knobs.md 4.11). Errors surface as HostError."""
+
+    def __init__(self, path: Path, kernel_path: str) -> None:
+        self._kernel_path = kernel_path
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise HostError(f"cannot open {kernel_path}: {os.strerror(e.errno or 0)}", errno=e.errno) from e
+
+    def read(self) -> str:
+        if self._fd is None:
+            raise HostError(f"{self._kernel_path}: read after close", errno=errno_mod.EBADF)
+        try:
+            data = os.pread(self._fd, 65536, 0)
+            if len(data) == 65536:
+                parts = [data]
+                while True:
+                    more = os.pread(self._fd, 1 << 20, sum(map(len, parts)))
+                    if not more:
+                        break
+                    parts.append(more)
+                data = b"".join(parts)
+        except OSError as e:
+            raise HostError(f"cannot read {self._kernel_path}: {os.strerror(e.errno or 0)}", errno=e.errno) from e
+        return data.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class FsHost:
     """Host rooted at ``root`` (``/`` on a real machine, a fixture directory in tests).
 
@@ -53,6 +88,11 @@ class FsHost:
                 return fh.read()
         except OSError as e:
             raise HostError(f"cannot read {p}: {os.strerror(e.errno or 0)}", errno=e.errno) from e
+
+    def open_kept(self, p: str) -> KeptFile:
+        """Open ``p`` once for repeated whole-file reads (see KeptFile). Not part of the Host
+        protocol: callers fall back to read_text() for other Host implementations."""
+        return KeptFile(self.path(p), p)
 
     def exists(self, p: str) -> bool:
         return self.path(p).exists()

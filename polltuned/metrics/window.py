@@ -31,6 +31,7 @@ Rules (every value is either right or None — never a silent zero):
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
@@ -185,6 +186,9 @@ def _unavail(a: Snapshot, b: Snapshot, fam: str, out: dict[str, str]) -> bool:
     """True (and the reason recorded) when ``fam`` is missing from either snapshot."""
     if fam in a.families and fam in b.families:
         return False
+    requested = fam in a.families or fam in b.families or fam in a.unavailable or fam in b.unavailable
+    if not requested:
+        return True  # family not asked for: its metrics are None, but it is not "unavailable"
     out[fam] = b.unavailable.get(fam) or a.unavailable.get(fam) or "not collected"
     return True
 
@@ -224,22 +228,35 @@ def rates(a: Snapshot, b: Snapshot) -> Rates:
     # /proc/softirqs (possible CPUs; header names the columns)
     qa, qb = a.softirqs, b.softirqs
     if qa is not None and qb is not None:
+        same = qa.cpus == qb.cpus
         ia, ib = {c: i for i, c in enumerate(qa.cpus)}, {c: i for i, c in enumerate(qb.cpus)}
-        for c in ia.keys() & ib.keys():
-            prow = row_for(c)
-            if prow is None:
+        cols = [(c, ia[c], ib[c]) for c in qb.cpus if c in ia and (online is None or c in online)]
+        per_vec: dict[str, list[float | None]] = {}
+        for name, rb in qb.counts.items():
+            ra = qa.counts.get(name)
+            if ra is None:
+                per_vec[name] = [None] * len(cols)
                 continue
-            total: float | None = 0.0
-            for name, rb in qb.counts.items():
-                ra = qa.counts.get(name)
-                d = None if ra is None else delta32(ra[ia[c]], rb[ib[c]])
-                r = _rate(d, dt)
-                if name == "NET_RX":
-                    prow["net_rx_per_s"] = r
-                elif name == "NET_TX":
-                    prow["net_tx_per_s"] = r
-                total = None if (total is None or r is None) else total + r
-            prow["softirqs_per_s"] = total
+            full: list[int | None] = list(map(operator.sub, rb, ra)) if same else []
+            if not same or min(full, default=0) < 0:  # type: ignore[type-var]
+                full = [None] * len(qb.cpus)
+                for _, i, j in cols:
+                    full[j] = delta32(ra[i], rb[j])
+            per_vec[name] = [None if full[j] is None else full[j] / dt  # type: ignore[operator]
+                             for _, _, j in cols]
+        rx, tx = per_vec.get("NET_RX"), per_vec.get("NET_TX")
+        for k, (c, _, _) in enumerate(cols):
+            prow = cpu.setdefault(c, {})
+            prow["net_rx_per_s"] = None if rx is None else rx[k]
+            prow["net_tx_per_s"] = None if tx is None else tx[k]
+            stot: float | None = 0.0
+            for v in per_vec.values():
+                sv = v[k]
+                if sv is None or stot is None:
+                    stot = None
+                    break
+                stot += sv
+            prow["softirqs_per_s"] = stot
     else:
         _unavail(a, b, "softirqs", un)
 
@@ -264,25 +281,33 @@ def rates(a: Snapshot, b: Snapshot) -> Rates:
     elif "interrupts" in a.families or "interrupts" in b.families or "interrupts" in b.unavailable:
         _unavail(a, b, "interrupts", un)
 
-    # NIC queue IRQs via per_cpu_count, per CPU and per queue
+    # NIC queue IRQs via per_cpu_count (index = CPU id), per CPU and per queue (numpy arrays)
     ka, kb = a.irq_percpu, b.irq_percpu
     nic_irq_rate: dict[int, float | None] = {}
     if ka is not None and kb is not None:
-        per_cpu: dict[int, float | None] = {}
-        for irq in ka.keys() & kb.keys():
+        import numpy as np
+
+        width = max((len(v.counts) for v in kb.values()), default=0)
+        irq_acc = np.zeros(width, dtype=np.int64)
+        broken = np.zeros(width, dtype=bool)      # CPUs with a reset counter in some IRQ
+        for irq in sorted(ka.keys() & kb.keys()):
             ca, cb = ka[irq].counts, kb[irq].counts
-            tot: float | None = 0.0
-            for c in range(min(len(ca), len(cb))):
-                d = delta32(ca[c], cb[c])
-                r = _rate(d, dt)
-                prev = per_cpu.get(c, 0.0)
-                per_cpu[c] = None if (prev is None or r is None) else prev + r
-                tot = None if (tot is None or r is None) else tot + r
-            nic_irq_rate[irq] = tot
-        for c, r in per_cpu.items():
+            n = min(len(ca), len(cb))
+            ds = cb[:n] - ca[:n]
+            if n and ds.min() < 0:                 # 32-bit wrap, or a reset
+                ds = np.where(ds < 0, ds + _WRAP32, ds)
+                bad = ds >= (1 << 31)
+                broken[:n] |= bad
+                ds = np.where(bad, 0, ds)
+                nic_irq_rate[irq] = None if bad.any() else float(ds.sum()) / dt
+            else:
+                nic_irq_rate[irq] = float(ds.sum()) / dt
+            irq_acc[:n] += ds
+        acc_l, broken_l = irq_acc.tolist(), broken.tolist()
+        for c in range(width):
             prow = row_for(c)
             if prow is not None:
-                prow["irqs_per_s"] = r
+                prow["irqs_per_s"] = None if broken_l[c] else acc_l[c] / dt
     else:
         _unavail(a, b, "irq_percpu", un)
 
