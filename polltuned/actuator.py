@@ -239,7 +239,8 @@ class Actuator:
         for key in reversed(touched):
             k = knobs[key]
             try:
-                k.restore(pre[key])
+                if not k.matches(pre[key]):  # a write that failed may have left nothing to undo
+                    k.restore(pre[key])
                 self.journal.append("undone", key=key, value=k.read(), txn=txn)
             except Exception as e:  # keep undoing the others; rollback will retry from the baseline
                 log.error("%s: undo failed: %s", key, e)
@@ -269,23 +270,29 @@ class Actuator:
             st = self.journal.state()
             if not st.open:
                 return RollbackReport((), True, False)
-            items: list[RollbackItem] = []
-            for h in sorted(st.knobs.values(), key=lambda x: x.order, reverse=True):
-                items.append(self._rollback_one(h))
+            ordered = sorted(st.knobs.values(), key=lambda x: x.order, reverse=True)
+            # admin check for every knob first: restoring one knob may legitimately change another
+            # (sysfs write-all resets per-NAPI values), which must not look like an admin change
+            early: dict[str, RollbackItem] = {}
+            for h in ordered:
+                pre = self._rollback_precheck(h)
+                if pre is not None:
+                    early[h.key] = pre
+            items = [early[h.key] if h.key in early else self._rollback_one(h) for h in ordered]
             clean = all(i.outcome != "failed" for i in items)
             if clean:
                 self.journal.append("clean", epoch=st.epoch)
             return RollbackReport(tuple(items), clean, True)
 
-    def _rollback_one(self, h: KnobHistory) -> RollbackItem:
+    def _rollback_precheck(self, h: KnobHistory) -> RollbackItem | None:
+        """Released / gone / admin-changed decided before any restore; None = restore it."""
         key = h.key
         if h.released:
             return RollbackItem(key, "released", h.released_live, "changed by the admin; left alone")
         if h.gone:
             return RollbackItem(key, "gone", None, "vanished earlier")
         try:
-            k = self.knob(key)
-            live = k.read()
+            live = self.knob(key).read()
         except KnobGone as e:
             self.journal.append("gone", key=key, detail=e.message)
             return RollbackItem(key, "gone", None, e.message)
@@ -295,7 +302,12 @@ class Actuator:
             self.journal.append("released", key=key, live=live, expected=h.last_value)
             log.warning("%s: changed outside polltuned (%r); rollback leaves it", key, live)
             return RollbackItem(key, "released", live, "changed by the admin; left alone")
+        return None
+
+    def _rollback_one(self, h: KnobHistory) -> RollbackItem:
+        key = h.key
         try:
+            k = self.knob(key)
             if k.matches(h.baseline_state):
                 self.journal.append("restored", key=key, value=h.baseline_value)
                 return RollbackItem(key, "already", h.baseline_value)

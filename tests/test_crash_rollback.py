@@ -1,0 +1,203 @@
+"""Crash safety, measured: SIGKILL `apply` at random moments (>= 200 kills, including exactly
+between the fsync'd intent record and the write), then rollback -> every knob equals its
+original. Then truncate the journal at random byte offsets -> rollback never writes a wrong value.
+
+Most kills are in-process (os.fork + SIGKILL, ~10 ms each); 20 are real `polltuned apply`
+subprocesses stopped by POLLTUNED_TEST_PAUSE_AFTER and killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from polltuned.actuator import PAUSE_ENV, Actuator
+from polltuned.clock import FakeClock
+from polltuned.errors import JournalError
+from polltuned.host.fs import FsHost
+from polltuned.journal import JOURNAL_NAME, Journal
+from polltuned.knobs.registry import KnobRegistry
+from tests.test_knobs_faketree import make_tree, tree_values
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: key -> candidate values (never equal to the original)
+CANDIDATES: dict[str, list[object]] = {
+    "net.core.busy_read": [25, 50, 100],
+    "net.core.busy_poll": [25, 50, 200],
+    "net.core.gro_normal_batch": [1, 16, 64],
+    "kernel.timer_migration": [0],
+    "net.core.netdev_budget": [64, 600],
+    "eth0:gro_flush_timeout": [5000, 20000],
+    "eth0:napi:defer-hard-irqs": [1, 2, 10],
+    "ptb/vb:napi_defer_hard_irqs": [2, 4],
+    "ptb/vb:napi:irq-suspend-timeout": [100000, 2000000],
+    "eth0:irq_affinity": ["spread", "pack-app", "avoid-app"],
+    "eth0:coalesce:rx-usecs": [8, 64],
+    "module:haltpoll:guest_halt_poll_ns": [100000, 200000],
+}
+
+
+def actuator(root: Path, state: Path) -> Actuator:
+    clock = FakeClock()
+    host = FsHost(root)
+    return Actuator(host, Journal(state, clock=clock), registry=KnobRegistry(host, app_cpus=[1]),
+                    app_cpus=[1], clock=clock)
+
+
+def random_assignment(rng: random.Random) -> dict[str, object]:
+    keys = rng.sample(sorted(CANDIDATES), rng.randint(2, 6))
+    return {k: rng.choice(CANDIDATES[k]) for k in keys}
+
+
+def kill_in_child(root: Path, state: Path, plan: list[dict[str, object]], pause: str | None,
+                  delay_s: float | None) -> None:
+    """Fork; the child applies ``plan`` (several transactions); SIGKILL it at the pause point or after
+    ``delay_s``; wait for it."""
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            if pause:
+                os.environ[PAUSE_ENV] = pause
+            act = actuator(root, state)
+            for a in plan:
+                act.apply(a, reason="crash-test")
+        except BaseException:
+            os._exit(3)
+        os._exit(0)
+    if pause:
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        if os.WIFSTOPPED(status):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    else:
+        assert delay_s is not None
+        time.sleep(delay_s)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def assert_all_original(root: Path, originals: dict[str, str], what: str) -> None:
+    now = tree_values(root)
+    diff = {k: (originals[k], now[k]) for k in originals if now[k] != originals[k]}
+    assert not diff, f"{what}: not restored: {diff}"
+
+
+@pytest.mark.slow
+def test_sigkill_during_apply_then_rollback_restores_everything(tmp_path: Path) -> None:
+    rng = random.Random(20261130)
+    kills = 0
+    losses = 0
+    root = make_tree(tmp_path / "root")
+    originals = tree_values(root)
+    stages = ["baseline", "intent", "write"]
+    for i in range(200):
+        state = tmp_path / f"st{i}"
+        plan = [random_assignment(rng) for _ in range(rng.randint(1, 3))]
+        n_steps = sum(len(a) for a in plan)
+        if i % 2 == 0:  # exactly after a fsync'd record (intent in half of these)
+            stage = "intent" if i % 4 == 0 else rng.choice(stages)
+            pause: str | None = f"{stage}:{rng.randint(1, n_steps)}"
+            kill_in_child(root, state, plan, pause, None)
+        else:  # at a random moment
+            kill_in_child(root, state, plan, None, rng.uniform(0.0, 0.02))
+        kills += 1
+        rep = actuator(root, state).rollback()
+        assert rep.ok, rep
+        try:
+            assert_all_original(root, originals, f"iteration {i} plan={plan}")
+        except AssertionError:
+            losses += 1
+            raise
+        assert not actuator(root, state).is_dirty()
+        shutil.rmtree(state)
+    assert kills >= 200 and losses == 0
+
+
+def _cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    e = dict(os.environ)
+    e.update(env or {})
+    e["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen([sys.executable, "-m", "polltuned", *args], env=e,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_sigkill_real_cli_apply_between_intent_and_write(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    root = make_tree(tmp_path / "root")
+    originals = tree_values(root)
+    for i in range(20):
+        state = tmp_path / f"cli{i}"
+        a = random_assignment(rng)
+        kv = [f"{k}={v}" for k, v in a.items()]
+        p = _cli(["--host-root", str(root), "--state-dir", str(state), "apply", "--app-cpus", "1", *kv],
+                 {PAUSE_ENV: f"intent:{rng.randint(1, len(a))}"})
+        _, status = os.waitpid(p.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), f"apply exited before the intent pause (status {status})"
+        os.kill(p.pid, signal.SIGKILL)
+        os.waitpid(p.pid, 0)
+        p.returncode = -9
+        if i % 5 == 0:  # the CLI rollback, as ExecStopPost runs it
+            r = _cli(["--host-root", str(root), "--state-dir", str(state), "rollback", "--if-dirty"])
+            assert r.wait(30) == 0
+        else:
+            assert actuator(root, state).rollback().ok
+        assert_all_original(root, originals, f"cli iteration {i} {kv}")
+
+
+@pytest.mark.slow
+def test_truncated_journal_never_causes_a_wrong_write(tmp_path: Path) -> None:
+    rng = random.Random(99)
+    root = make_tree(tmp_path / "root")
+    originals = tree_values(root)
+    state = tmp_path / "st"
+    plan = [random_assignment(rng) for _ in range(3)]
+    act = actuator(root, state)
+    for a in plan:
+        act.apply(a)
+    applied = tree_values(root)
+    full = (state / JOURNAL_NAME).read_bytes()
+    wrong = 0
+    for i in range(120):
+        cut = rng.randint(0, len(full))
+        shutil.rmtree(tmp_path / "root")
+        root = make_tree(tmp_path / "root")
+        for rel, text in applied.items():
+            (root / rel).write_text(text)
+        st = tmp_path / f"t{i}"
+        st.mkdir()
+        (st / JOURNAL_NAME).write_bytes(full[:cut])
+        rep = actuator(root, st).rollback()
+        assert rep.ok, (cut, rep)
+        now = tree_values(root)
+        for rel in originals:
+            if now[rel] not in (originals[rel], applied[rel]):
+                wrong += 1
+        shutil.rmtree(st)
+    assert wrong == 0
+
+
+def test_corrupted_middle_record_is_refused_without_writing(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "root")
+    state = tmp_path / "st"
+    act = actuator(root, state)
+    act.apply({"net.core.busy_poll": 50, "net.core.busy_read": 50, "eth0:gro_flush_timeout": 20000})
+    before = tree_values(root)
+    data = bytearray((state / JOURNAL_NAME).read_bytes())
+    lines = data.split(b"\n")
+    lines[3] = lines[3].replace(b'"value":0', b'"value":9')  # a baseline silently altered
+    (state / JOURNAL_NAME).write_bytes(b"\n".join(lines))
+    with pytest.raises(JournalError, match="checksum mismatch"):
+        actuator(root, state).rollback()
+    with pytest.raises(JournalError):
+        actuator(root, state).apply({"net.core.busy_poll": 10})
+    assert tree_values(root) == before
