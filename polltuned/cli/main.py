@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "rollback": "polltuned.cli.rollback",
     "verify": "polltuned.cli.verify",
     "top": "polltuned.cli.top",
+    "bench": "polltuned.cli.bench",
 }
 
 DEFAULT_STATE_DIR = "/var/lib/polltuned"

@@ -119,6 +119,7 @@ class DefaultWorld:
     hog_timeout_s: int = 3600
     _hog: Spawned | None = None
     _up: bool = False
+    _owner_pid: int = 0
 
     # -- layout for the probe --------------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class DefaultWorld:
     def setup(self) -> None:
         c = self.config
         c.check()
+        self._owner_pid = os.getpid()
         self.cleanup_leftovers()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / MARKER).write_text(json.dumps(
@@ -233,7 +235,12 @@ class DefaultWorld:
             hog.stop(1.0)
 
     def teardown(self) -> None:
-        """Idempotent: stop the hog, kill whatever runs in our namespaces, delete them, drop the marker."""
+        """Idempotent: stop the hog, kill whatever runs in our namespaces, delete them, drop the marker.
+
+        A no-op in any process but the one that ran setup(): libraries that fork (pyroute2 enters
+        namespaces from a forked child) must never unwind into our teardown."""
+        if self._owner_pid and os.getpid() != self._owner_pid:
+            return
         self.stop_hog()
         c = self.config
         for ns in (c.client_ns, c.server_ns):

@@ -1,0 +1,90 @@
+"""``polltuned bench``: tune this host's real knobs on the embedded netns + veth + sockperf world.
+
+Needs root. Creates ``ptb-c``/``ptb-s`` with a veth pair (198.18.230.0/24), runs the real engine on
+the real host knobs with the shipped ``bench`` policy, compares kernel defaults, tuned's static
+busy_read=busy_poll=50 and the deployed configuration interleaved, prints the table, and always
+restores every knob and removes the namespaces (also on failure and Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+
+from polltuned.clock import SystemClock
+from polltuned.errors import LockedError, PermissionNeeded, UsageError
+from polltuned.host.fs import FsHost
+
+HELP = "tune this host on the embedded netns+veth+sockperf world, then compare defaults/static/deployed"
+
+LOCK = "/tmp/polltuned-realkernel.lock"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from polltuned.worlds.default import WORKLOADS
+
+    p.add_argument("--workload", default="single", choices=list(WORKLOADS),
+                   help="single (default), parallel, shared-cpu, cpu-hog")
+    p.add_argument("--policy", default="bench", metavar="NAME|FILE", help="policy (default: the shipped 'bench')")
+    p.add_argument("--budget", type=int, metavar="N", help="search windows (default: the policy's)")
+    p.add_argument("--window", type=float, metavar="S", help="seconds per window (default: the policy's)")
+    p.add_argument("--rounds", type=int, default=3, metavar="N",
+                   help="interleaved rounds of the final default/static/deployed comparison (default 3)")
+    p.add_argument("--seed", type=int, help="optimiser seed (default: the policy's)")
+    p.add_argument("--record", metavar="FILE", help="append every window as JSON lines (replay input)")
+    p.add_argument("--report", metavar="PNG", help="draw the trials report to this file")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    p.add_argument("--no-lock", action="store_true",
+                   help=f"do not take {LOCK} (only when the caller already holds it)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from polltuned.bench import BenchSettings, render_table, run_bench
+
+    host = FsHost(args.host_root)
+    if not host.is_real:
+        raise UsageError("bench runs on the real kernel only (--host-root must be /)")
+    if os.geteuid() != 0:
+        raise PermissionNeeded("bench needs root: it creates network namespaces and changes kernel knobs",
+                               hint="sudo polltuned bench")
+    if args.budget is not None and args.budget < 3:
+        raise UsageError(f"--budget: must be >= 3 (got {args.budget})")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds: must be >= 1 (got {args.rounds})")
+    settings = BenchSettings(
+        workload=args.workload, policy=args.policy, budget=args.budget, window_s=args.window,
+        compare_rounds=args.rounds, seed=args.seed, state_dir=Path(args.state_dir) / "bench",
+        record=Path(args.record) if args.record else None, report=Path(args.report) if args.report else None)
+    fd = -1
+    if not args.no_lock:
+        fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"polltuned: waiting for {LOCK} (another real-kernel run is active)", file=sys.stderr)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except KeyboardInterrupt:
+                os.close(fd)
+                raise LockedError(f"{LOCK} is held by another run") from None
+
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        res = run_bench(settings, host=host, clock=SystemClock(), progress=progress)
+    finally:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+    if args.json:
+        print(json.dumps(res.to_json(), indent=1, default=str))
+    else:
+        print(render_table(res))
+        if args.report:
+            print(f"report: {args.report}")
+    return 0 if res.restored else 1
