@@ -9,7 +9,7 @@ def uints(tokens: list[str], path: str, lineno: int, what: str) -> list[int]:
     """Decimal unsigned integers, strictly ASCII ``[0-9]+`` (``int()`` alone would accept
     ``+1``, ``1_0`` and non-ASCII digits, which no kernel file prints)."""
     joined = "".join(tokens)
-    if not tokens or not (joined.isascii() and joined.isdigit()):
+    if not tokens or not (joined.isascii() and joined.isdigit()) or "" in tokens:
         bad = next((t for t in tokens if not (t.isascii() and t.isdigit())), "")
         raise ParseError(path, lineno, f"{what}: expected unsigned decimal integers, got {bad[:40]!r}")
     return list(map(int, tokens))

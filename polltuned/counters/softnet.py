@@ -21,7 +21,7 @@ from polltuned.errors import ParseError
 
 PATH = "/proc/net/softnet_stat"
 WIDTH_BITS = 32
-_ROW = re.compile(r"[0-9a-f]{8}(?: [0-9a-f]{8}){12}(?: [0-9a-f]{8}){2}?")
+_ROW = re.compile(r"[0-9a-f]{8}(?: [0-9a-f]{8}){12}(?:(?: [0-9a-f]{8}){2})?")
 
 
 @dataclass(frozen=True)

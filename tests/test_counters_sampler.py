@@ -1,0 +1,148 @@
+"""Sampler on recorded/generated trees: NIC map, degrade-don't-crash, absent vs disabled."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from polltuned.clock import FakeClock
+from polltuned.counters import COLLECTORS, Sampler
+from polltuned.counters.nicmap import discover_nic
+from polltuned.errors import UsageError
+from polltuned.host.fs import FsHost
+from polltuned.metrics.window import rates
+from tests.fixtures.gen_large_host import NIC, Spec, generate, nic_irqs
+
+VM = Path(__file__).parent / "fixtures" / "vm"
+SYN = Path(__file__).parent / "fixtures" / "synthetic"
+
+
+@pytest.fixture(scope="session")
+def large(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("large")
+    spec = Spec()
+    return generate(base / "s0", spec, interrupts=False), generate(base / "s1", spec, step=1, interrupts=False)
+
+
+def test_registry_is_explicit_and_interrupts_opt_in() -> None:
+    assert set(COLLECTORS) == {"stat", "softirqs", "interrupts", "irq_percpu", "schedstat", "loadavg",
+                               "softnet", "pressure", "links", "procs"}
+    assert COLLECTORS["interrupts"].default is False
+    assert all(c.default for n, c in COLLECTORS.items() if n != "interrupts")
+
+
+def test_vm_fixture_nic_map_virtio() -> None:
+    host = FsHost(VM / "snap1")
+    eth0 = discover_nic(host, "eth0")
+    assert [(q.irq, q.queue) for q in eth0.irqs] == [(38, "rx-0"), (39, "tx-0")]
+    assert [q.irq for q in eth0.other_irqs] == [37] and eth0.source == "msi_irqs"
+    ifb = discover_nic(host, "ifb0")
+    assert ifb.irqs == () and ifb.note is not None and "no hardware IRQs" in ifb.note
+
+
+def test_vm_fixture_sample_and_rates() -> None:
+    clock = FakeClock()
+    a = Sampler(FsHost(VM / "snap1"), clock=clock, pids=lambda: [1, 999999]).sample()
+    clock.advance(1.0)
+    b = Sampler(FsHost(VM / "snap2"), clock=clock, pids=lambda: [1, 999999]).sample()
+    assert set(a.families) == {"stat", "softirqs", "irq_percpu", "loadavg", "softnet", "pressure", "links",
+                               "procs"}
+    assert a.unavailable == {"schedstat": "absent on this kernel: /proc/schedstat"}
+    assert a.procs is not None and set(a.procs) == {1}          # vanished pid tolerated
+    r = rates(a, b)
+    # capture_vm.py sent exactly 1000 loopback datagrams between the snapshots
+    assert sum(c.net_rx_per_s or 0 for c in r.cpu.values()) == pytest.approx(1000.0)
+    assert r.cpu[1].runq_wait_s_per_s is None and "schedstat" in r.unavailable
+    assert r.unavailable["pressure.irq"].startswith("absent on this kernel")
+    assert r.nic is not None and set(r.nic["eth0"].irqs_per_s) == {"rx-0", "tx-0"}
+
+
+def test_large_host_nic_map(large: tuple[Path, Path]) -> None:
+    info = discover_nic(FsHost(large[0]), NIC)
+    assert len(info.irqs) == 64 and info.rx_queues == 64
+    assert [q.irq for q in info.irqs] == nic_irqs(Spec())[:-1]
+    assert info.irqs[5].queue == "combined-5" and len(info.other_irqs) == 1
+
+
+def _break(tree: Path, rel: str, text: str, tmp: Path) -> Path:
+    dst = tmp / "tree"
+    shutil.copytree(tree, dst, symlinks=True)
+    p = dst / rel
+    p.write_text(text)
+    return dst
+
+
+def test_malformed_family_disabled_with_one_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tree = _break(VM / "snap1", "proc/softirqs", "                CPU0 CPU1\n NET_RX: 1 banana\n", tmp_path)
+    s = Sampler(FsHost(tree), clock=FakeClock())
+    with caplog.at_level(logging.INFO, logger="polltuned.counters"):
+        a = s.sample()
+        b = s.sample()
+    assert "softirqs" not in a.families and "stat" in a.families
+    reason = b.unavailable["softirqs"]
+    assert "parse error" in reason and "/proc/softirqs:2" in reason and "banana" in reason
+    lines = [r for r in caplog.records if "softirqs" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    # metric reported unavailable, never zero
+    clock = FakeClock()
+    s2 = Sampler(FsHost(tree), clock=clock)
+    x = s2.sample()
+    clock.advance(1)
+    r = rates(x, s2.sample())
+    assert r.cpu[0].net_rx_per_s is None and r.cpu[0].system is not None
+    assert "softirqs" in r.unavailable
+
+
+def test_absent_files_reported_not_zero(tmp_path: Path) -> None:
+    dst = tmp_path / "t"
+    shutil.copytree(VM / "snap1", dst, symlinks=True)
+    (dst / "proc/net/softnet_stat").unlink()
+    clock = FakeClock()
+    s = Sampler(FsHost(dst), clock=clock)
+    a = s.sample()
+    clock.advance(1)
+    r = rates(a, s.sample())
+    assert r.unavailable["softnet"] == "absent on this kernel: /proc/net/softnet_stat"
+    assert all(c.time_squeeze_per_s is None for c in r.cpu.values())
+
+
+def test_schedstat_and_psi_irq_present(tmp_path: Path) -> None:
+    trees = []
+    for i, name in enumerate(("schedstat_v15.txt", "schedstat_v17.txt")):
+        dst = tmp_path / f"t{i}"
+        shutil.copytree(VM / f"snap{i + 1}", dst, symlinks=True)
+        shutil.copy(SYN / name, dst / "proc/schedstat")
+        (dst / "proc/pressure/irq").write_text(f"full avg10=0.00 avg60=0.00 avg300=0.00 total={1000 + i * 250000}\n")
+        trees.append(dst)
+    clock = FakeClock()
+    a = Sampler(FsHost(trees[0]), clock=clock).sample()
+    clock.advance(2.0)
+    b = Sampler(FsHost(trees[1]), clock=clock).sample()
+    r = rates(a, b)
+    assert r.cpu[0].runq_wait_s_per_s == pytest.approx(0.25)   # 0.5 s of waiting over 2 s
+    assert r.cpu[1].runq_wait_s_per_s == 0.0
+    assert r.system.psi_irq_full == pytest.approx(0.125)
+    assert "schedstat" not in r.unavailable and "pressure.irq" not in r.unavailable
+
+
+def test_unknown_family_and_unknown_nic() -> None:
+    with pytest.raises(UsageError, match="unknown counter family 'nope'"):
+        Sampler(FsHost(VM / "snap1"), clock=FakeClock(), families=["stat", "nope"])
+    s = Sampler(FsHost(VM / "snap1"), clock=FakeClock(), nic="eth9")
+    with pytest.raises(Exception, match="no such network interface: eth9"):
+        s.sample()
+
+
+def test_opt_in_interrupts_on_vm_fixture() -> None:
+    clock = FakeClock()
+    fams = ["stat", "interrupts"]
+    a = Sampler(FsHost(VM / "snap1"), clock=clock, families=fams).sample()
+    clock.advance(1)
+    b = Sampler(FsHost(VM / "snap2"), clock=clock, families=fams).sample()
+    r = rates(a, b)
+    assert a.interrupts is not None and "38" in a.interrupts.rows
+    assert all(c.all_irqs_per_s is not None and c.all_irqs_per_s >= 0 for c in r.cpu.values())
+    assert "softirqs" not in r.unavailable       # not requested -> not reported as unavailable
