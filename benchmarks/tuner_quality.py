@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Tuner-quality benchmark: polltuned's engine vs random search, grid search and static values.
+
+Every method runs through the same Tuner (baseline first, guard rails, interleaved confirmation)
+at the same budget of measurement windows, on every scenario, with the same noise seeds; only the
+optimiser differs. ``static`` deploys tuned's network-latency values (busy_read = busy_poll = 50)
+without measuring. Scores use the scenario's noise-free ``expected`` function, never shown to the
+tuners:
+
+  regret      normalised regret (J(x) - J*) / (J(baseline) - J*) of the recommendation after 10 and
+              20 windows, and of the *deployed* configuration after the full budget + confirmation
+  within5     runs whose deployed J <= 1.05 J*, and the median window at which the recommendation
+              first got there
+  cumreg      cumulative regret of the search windows, sum (J(x_t) / J* - 1)
+  breach      search windows spent at configurations truly worse than the guard limit
+              (J > J(baseline) x (1 + guard.max_regression))
+  worse       runs that deployed something worse than the baseline
+  kept        runs that kept the baseline
+  cpu/trial   optimiser CPU seconds per trial (ask + tell + recommendation)
+
+J* is found by a dense search of ``expected`` (random samples + coordinate refinement).
+
+Usage:
+  benchmarks/tuner_quality.py [--scenarios DIR] [--policy FILE] [--seeds N] [--budget N]
+                              [--methods polltuned,random,grid,static] [--jobs N] [--json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from polltuned.clock import FakeClock  # noqa: E402
+from polltuned.objective import value_of  # noqa: E402
+from polltuned.optimiser import make_optimiser  # noqa: E402
+from polltuned.optimiser.space import Space  # noqa: E402
+from polltuned.policy.loader import load_policy  # noqa: E402
+from polltuned.policy.schema import Policy  # noqa: E402
+from polltuned.records import KnobValue  # noqa: E402
+from polltuned.study import Study  # noqa: E402
+from polltuned.tuner import Tuner  # noqa: E402
+from polltuned.worlds.env import ScenarioEnv, default_config  # noqa: E402
+from polltuned.worlds.scenario import Scenario, load_scenario, shipped_dir  # noqa: E402
+
+METHODS = {"polltuned": "skopt", "random": "random", "grid": "grid", "static": None}
+STATIC = {"net.core.busy_read": 50, "net.core.busy_poll": 50}
+CHECKPOINTS = (10, 20)
+NO_EFFECT = 0.05   # a scenario whose best gain is below this (the policy's min_effect) has "no effect"
+
+
+def J(sc: Scenario, pol: Policy, cfg: Mapping[str, KnobValue]) -> float:
+    return value_of(sc.expected(cfg), pol.objective)
+
+
+def optimum(sc: Scenario, pol: Policy, base: dict[str, KnobValue], seed: int = 12345) -> tuple[float, dict[str, KnobValue]]:
+    import numpy as np
+
+    space = Space.from_policy(pol)
+    rng = np.random.default_rng(seed)
+    cands = [dict(base)] + space.sample_uniform(rng, 4000) + space.seed_configs(base)
+    scored = sorted(((J(sc, pol, {**base, **c}), c) for c in cands), key=lambda t: t[0])
+    best_j, best_c = scored[0]
+    for _, start in scored[:8]:
+        cur = {**base, **start}
+        cur_j = J(sc, pol, cur)
+        for _ in range(3):
+            for d in space.dims:
+                vals: list[KnobValue] = list(d.choices) if d.kind == "cat" else (
+                    ([d.off_value] if d.kind == "switch" else []) + [d.from_unit(u) for u in np.linspace(0, 1, 60)])
+                for v in vals:
+                    c = space.canonical({**cur, d.key: v})
+                    j = J(sc, pol, {**base, **c})
+                    if j < cur_j:
+                        cur, cur_j = {**base, **c}, j
+        if cur_j < best_j:
+            best_j, best_c = cur_j, cur
+    return best_j, best_c
+
+
+def run_one(sc_path: str, pol: Policy, method: str, seed: int, budget: int) -> dict[str, Any]:
+    sc = load_scenario(sc_path)
+    tuning = pol.tuning.model_copy(update={"seed": seed, "budget": budget})
+    p = pol.model_copy(update={"tuning": tuning})
+    base = default_config(p)
+    j_base = J(sc, p, base)
+    limit = j_base * (1 + p.guard.max_regression)
+    if METHODS[method] is None:
+        dep = {**base, **{k: v for k, v in STATIC.items() if k in p.knobs}}
+        jd = J(sc, p, dep)
+        return {"deployed": dep, "J_dep": jd, "rec": {b: jd for b in CHECKPOINTS},
+                "search_J": [jd] * budget, "breach": budget if jd > limit else 0, "cpu_per_trial": 0.0,
+                "kept": dep == base, "first_within": None}
+    env = ScenarioEnv(p, sc, seed=seed, baseline=base)
+    space = Space.from_policy(p)
+    opt = make_optimiser(METHODS[method] or "", space, base, seed=seed, initial_points=p.tuning.initial_points,
+                         safety_limit=math.log(1 + p.guard.max_regression))
+    t = Tuner(p, env, Study.memory(p), clock=FakeClock(), optimiser=opt)
+    for _ in t.run():
+        pass
+    r = t.result
+    assert r is not None
+    search = [{**base, **c} for phase, c in t.trace.windows if phase != "confirm"]
+    search_J = [J(sc, p, c) for c in search]
+    recs = t.trace.recommendations
+
+    def rec_at(b: int) -> dict[str, KnobValue]:
+        cfg = dict(base)
+        for w, c in recs:
+            if w <= b:
+                cfg = {**base, **c}
+        return cfg
+
+    rec_J = {b: J(sc, p, rec_at(b)) for b in CHECKPOINTS}
+    rec_trace = [(w, J(sc, p, {**base, **c})) for w, c in recs]
+    n_trials = max(1, len(r.trials))
+    return {"deployed": r.deployed, "J_dep": J(sc, p, r.deployed), "rec": rec_J, "rec_trace": rec_trace,
+            "search_J": search_J, "breach": sum(1 for j in search_J if j > limit),
+            "cpu_per_trial": opt.cpu_seconds / n_trials, "kept": r.deployed_is_baseline,
+            "reason": r.reason}
+
+
+def _task(args: tuple[str, Policy, str, int, int]) -> tuple[str, str, int, dict[str, Any]]:
+    sc_path, pol, method, seed, budget = args
+    return sc_path, method, seed, run_one(sc_path, pol, method, seed, budget)
+
+
+def summarise(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    sc = load_scenario(sc_path)
+    base = default_config(pol)
+    j_base = J(sc, pol, base)
+    j_star, c_star = optimum(sc, pol, base)
+    gap = j_base - j_star
+    effect = gap / j_star >= NO_EFFECT
+    denom = gap if gap > 1e-9 * j_star else math.nan
+
+    def nreg(j: float) -> float:
+        if math.isnan(denom):
+            return 0.0 if j <= j_star * (1 + 1e-9) else math.inf
+        return (j - j_star) / denom
+
+    out: dict[str, Any] = {"scenario": sc.name, "J_baseline": j_base, "J_star": j_star,
+                           "optimum": {k: v for k, v in c_star.items() if base.get(k) != v},
+                           "gain_available": gap / j_base, "effect": effect, "methods": {}}
+    for method, rs in runs.items():
+        if not rs:
+            continue
+        dep_reg = [nreg(r["J_dep"]) for r in rs]
+        within = [r["J_dep"] <= 1.05 * j_star for r in rs]
+        firsts = []
+        for r in rs:
+            f = next((w for w, j in r.get("rec_trace", []) if j <= 1.05 * j_star), None)
+            if f is not None:
+                firsts.append(f)
+        m = {
+            "runs": len(rs),
+            "regret_10": statistics.median(nreg(r["rec"][10]) for r in rs),
+            "regret_20": statistics.median(nreg(r["rec"][20]) for r in rs),
+            "regret_deployed": statistics.median(dep_reg),
+            "within5": sum(within),
+            "within5_frac": sum(within) / len(rs),
+            "median_window_within5": statistics.median(firsts) if firsts else None,
+            "cum_regret": statistics.median(sum(j / j_star - 1 for j in r["search_J"]) for r in rs),
+            "breaches": statistics.mean(r["breach"] for r in rs),
+            "worse_than_baseline": sum(1 for r in rs if r["J_dep"] > j_base * (1 + 1e-9)),
+            "kept_baseline": sum(1 for r in rs if r["kept"]) / len(rs),
+            "cpu_per_trial": statistics.median(r["cpu_per_trial"] for r in rs),
+        }
+        out["methods"][method] = m
+    return out
+
+
+def check_targets(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    lines = []
+    for s in summaries:
+        ms = s["methods"]
+        pt, rnd = ms.get("polltuned"), ms.get("random")
+        if pt is None:
+            continue
+        name = s["scenario"]
+        ok = pt["worse_than_baseline"] == 0
+        lines.append(f"{'PASS' if ok else 'FAIL'} {name}: worse-than-baseline deploys = {pt['worse_than_baseline']}")
+        if rnd is not None:
+            cr = pt["cum_regret"] <= 0.6 * rnd["cum_regret"] + 1e-9
+            lines.append(f"{'PASS' if cr else 'FAIL'} {name}: cumulative regret {pt['cum_regret']:.2f} <= 0.6 x random "
+                         f"{rnd['cum_regret']:.2f}")
+            br = pt["breaches"] <= 0.6 * rnd["breaches"] + 1e-9
+            lines.append(f"{'PASS' if br else 'FAIL'} {name}: guard breaches {pt['breaches']:.2f} <= 0.6 x random "
+                         f"{rnd['breaches']:.2f}")
+        if s["effect"]:
+            w = pt["within5_frac"] >= 0.8
+            lines.append(f"{'PASS' if w else 'FAIL'} {name}: within 5 % in {pt['within5_frac']:.0%} of runs (>= 80 %)")
+            if rnd is not None:
+                rr = pt["regret_deployed"] <= 0.5 * rnd["regret_deployed"] + 1e-9
+                lines.append(f"{'PASS' if rr else 'FAIL'} {name}: regret {pt['regret_deployed']:.3f} <= 0.5 x random "
+                             f"{rnd['regret_deployed']:.3f}")
+        else:
+            k = pt["kept_baseline"] >= 0.9 or pt["within5_frac"] >= 0.9
+            lines.append(f"{'PASS' if k else 'FAIL'} {name} (no effect): kept baseline {pt['kept_baseline']:.0%}, "
+                         f"within 5 % {pt['within5_frac']:.0%} (>= 90 %)")
+    return lines
+
+
+def table(summaries: Sequence[dict[str, Any]]) -> str:
+    def f(x: Any, fmt: str = "{:.2f}") -> str:
+        if x is None:
+            return "-"
+        if isinstance(x, float) and math.isinf(x):
+            return "inf"
+        return fmt.format(x)
+
+    rows = ["| scenario (gain avail.) | method | regret@10 | regret@20 | regret deployed | within 5 % (median window)"
+            " | cum. regret | breaches | worse | kept base | opt. CPU s/trial |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        head = f"{s['scenario']} ({s['gain_available']:.0%}{'' if s['effect'] else ', no effect'})"
+        for method, m in s["methods"].items():
+            rows.append(
+                f"| {head} | {method} | {f(m['regret_10'])} | {f(m['regret_20'])} | {f(m['regret_deployed'])} | "
+                f"{m['within5']}/{m['runs']} ({f(m['median_window_within5'], '{:.0f}')}) | {f(m['cum_regret'], '{:.1f}')} | "
+                f"{f(m['breaches'])} | {m['worse_than_baseline']} | {m['kept_baseline']:.0%} | "
+                f"{f(m['cpu_per_trial'], '{:.3f}')} |")
+            head = ""
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", default=str(shipped_dir()), help="directory of scenario .py files")
+    ap.add_argument("--policy", default=str(HERE.parent / "policies" / "sim-default.toml"))
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--budget", type=int, default=30)
+    ap.add_argument("--methods", default="polltuned,random,grid,static")
+    ap.add_argument("--only", default="", help="comma-separated scenario names to run (default: all)")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="3 seeds, budget 20 (for tests)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.seeds, a.budget = min(a.seeds, 3), min(a.budget, 20)
+    methods = [m for m in a.methods.split(",") if m]
+    for m in methods:
+        if m not in METHODS:
+            ap.error(f"--methods: unknown method {m!r} (choose from {', '.join(METHODS)})")
+    pol = load_policy(a.policy)
+    paths = sorted(str(p) for p in Path(a.scenarios).glob("*.py") if not p.name.startswith("_"))
+    if a.only:
+        want = set(a.only.split(","))
+        paths = [p for p in paths if Path(p).stem in want]
+    if not paths:
+        ap.error(f"--scenarios: no scenario files in {a.scenarios}")
+    tasks = [(p, pol, m, s, a.budget) for p in paths for m in methods for s in range(a.seeds)]
+    t0 = time.monotonic()
+    if a.jobs > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(a.jobs) as pool:
+            results = pool.map(_task, tasks, chunksize=1)
+    else:
+        results = [_task(t) for t in tasks]
+    by: dict[str, dict[str, list[dict[str, Any]]]] = {p: {m: [] for m in methods} for p in paths}
+    for p, m, _s, r in results:
+        by[p][m].append(r)
+    summaries = [summarise(p, pol, by[p]) for p in paths]
+    checks = check_targets(summaries)
+    elapsed = time.monotonic() - t0
+    if a.json:
+        print(json.dumps({"seeds": a.seeds, "budget": a.budget, "methods": methods, "elapsed_s": elapsed,
+                          "scenarios": summaries, "targets": checks}, indent=1, default=str))
+    else:
+        print(f"tuner quality: {len(paths)} scenarios x {a.seeds} seeds x {len(methods)} methods, "
+              f"budget {a.budget} windows, {elapsed:.0f} s\n")
+        print(table(summaries))
+        print()
+        print("\n".join(checks))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""Baseline optimisers: uniform random search and a shuffled grid, over the same space."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+import numpy as np
+
+from polltuned.optimiser import CpuMeter, History, Recommendation
+from polltuned.optimiser.space import Space
+from polltuned.records import KnobValue
+
+
+class RandomOptimiser:
+    name = "random"
+
+    def __init__(self, space: Space, baseline: Mapping[str, KnobValue], *, seed: int) -> None:
+        self.space = space
+        self.hist = History(space)
+        self.rng = np.random.default_rng(seed)
+        self._cpu = CpuMeter()
+
+    def ask(self, remaining: int | None = None) -> dict[str, KnobValue]:
+        with self._cpu:
+            for _ in range(200):
+                c = self.space.sample_uniform(self.rng, 1)[0]
+                if self.hist.seen(c) == 0:
+                    return c
+            return c
+
+    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
+        with self._cpu:
+            self.hist.add(config, y)
+
+    def tell_failed(self, config: Mapping[str, KnobValue]) -> None:
+        self.hist.failed.add(self.space.key_of(config))
+
+    def best(self) -> Recommendation | None:
+        return self.hist.best_observed()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self._cpu.total
+
+
+class GridOptimiser:
+    """Full-factorial grid over ``Space.levels`` per knob, visited in a seeded random order."""
+
+    name = "grid"
+
+    def __init__(self, space: Space, baseline: Mapping[str, KnobValue], *, seed: int,
+                 max_points: int = 100_000) -> None:
+        self.space = space
+        self.hist = History(space)
+        self._cpu = CpuMeter()
+        rng = np.random.default_rng(seed)
+        levels = [space.levels(d) for d in space.dims]
+        combos = list(itertools.islice(itertools.product(*levels), max_points))
+        order = rng.permutation(len(combos))
+        self._queue: list[dict[str, KnobValue]] = []
+        seen: set[str] = set()
+        for i in order:
+            c = space.canonical(dict(zip(space.keys, combos[int(i)])))
+            k = space.key_of(c)
+            if k not in seen:
+                seen.add(k)
+                self._queue.append(c)
+        self._pos = 0
+        self._rng = rng
+
+    def ask(self, remaining: int | None = None) -> dict[str, KnobValue]:
+        with self._cpu:
+            while self._pos < len(self._queue):
+                c = self._queue[self._pos]
+                self._pos += 1
+                if self.hist.seen(c) == 0:
+                    return c
+            return self.space.sample_uniform(self._rng, 1)[0]
+
+    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
+        with self._cpu:
+            self.hist.add(config, y)
+
+    def tell_failed(self, config: Mapping[str, KnobValue]) -> None:
+        self.hist.failed.add(self.space.key_of(config))
+
+    def best(self) -> Recommendation | None:
+        return self.hist.best_observed()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self._cpu.total
