@@ -34,7 +34,7 @@ from typing import Literal
 from polltuned.clock import Clock
 from polltuned.errors import HostError, KnobUnsupported, PermissionNeeded, PolltunedError
 from polltuned.host.fs import Host
-from polltuned.journal import Journal, JournalState, KnobHistory
+from polltuned.journal import COMPACT_BYTES, Journal, JournalState, KnobHistory
 from polltuned.knobs.base import JsonValue, Knob, KnobGone
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.records import KnobValue
@@ -155,6 +155,8 @@ class Actuator:
                     else KnobUnsupported(f"{key}: {av.reason}")
         pause = _Pauser()
         with self.journal.locked():
+            if self.journal.size() > COMPACT_BYTES:
+                self.journal.compact()
             st = self.journal.state()
             released_now: list[str] = []
             skipped: list[str] = []
@@ -282,6 +284,8 @@ class Actuator:
             clean = all(i.outcome != "failed" for i in items)
             if clean:
                 self.journal.append("clean", epoch=st.epoch)
+                if self.journal.size() > COMPACT_BYTES:
+                    self.journal.compact()
             return RollbackReport(tuple(items), clean, True)
 
     def _rollback_precheck(self, h: KnobHistory) -> RollbackItem | None:

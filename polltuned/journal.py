@@ -46,6 +46,8 @@ from polltuned.records import KnobValue
 
 JOURNAL_VERSION = 1
 JOURNAL_NAME = "journal.jsonl"
+#: compact (checkpoint) the journal when it grows beyond this many bytes
+COMPACT_BYTES = 256 * 1024
 LOCK_NAME = "journal.lock"
 
 RECORD_TYPES = frozenset({"epoch", "txn", "baseline", "intent", "applied", "undone", "observed",
@@ -281,6 +283,58 @@ class Journal:
                                hint="no knob was written after this failure") from e
         self._seq += 1
         return rec
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def compact(self) -> bool:
+        """Checkpoint: rewrite the journal as the minimal records that replay to the same state
+        (epoch, baselines in first-touch order, each knob's latest status), via a fsync'd temporary
+        file renamed over the journal (atomic: a crash leaves either the old or the new file).
+        A clean journal is simply emptied. Call with the lock held. Returns True when rewritten."""
+        st = self.state()
+        now = round(self.clock.wall(), 6)
+        recs: list[dict[str, Any]] = []
+
+        def add(type_: str, **payload: Any) -> None:
+            recs.append({"v": JOURNAL_VERSION, "seq": len(recs) + 1, "t": now, "type": type_, **payload})
+
+        if st.open:
+            add("epoch", epoch=st.epoch)
+            add("txn", txn=st.last_txn, reason="checkpoint", keys=[])
+            hs = sorted(st.knobs.values(), key=lambda h: h.order)
+            for h in hs:
+                add("baseline", key=h.key, state=h.baseline_state, value=h.baseline_value)
+            for h in hs:
+                if not h.settled:
+                    add("intent", key=h.key, value=None, txn=st.last_txn)
+                elif h.restored:
+                    add("restored", key=h.key, value=h.baseline_value)
+                elif h.last_value != h.baseline_value:
+                    add("observed", key=h.key, value=h.last_value, txn=st.last_txn)
+                if h.released:
+                    add("released", key=h.key, live=h.released_live, expected=h.last_value)
+                if h.gone:
+                    add("gone", key=h.key, detail="checkpoint")
+            add("txn-end", txn=st.last_txn, ok=True)
+        self.close()
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"".join(encode_record(r) for r in recs))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return True
 
     def close(self) -> None:
         if self._fd is not None:
