@@ -309,6 +309,7 @@ class BenchSettings:
     budget: int | None = None
     window_s: float | None = None
     compare_rounds: int = 3
+    confirm_pairs: int | None = None
     seed: int | None = None
     state_dir: Path = Path("/var/lib/polltuned")
     record: Path | None = None
@@ -388,9 +389,11 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
             knobs = {k: v for k, v in policy.knobs.items() if k in keys}
             knobs = {k: v.model_copy(update={"requires_nonzero": [d for d in v.requires_nonzero if d in knobs]})
                      for k, v in knobs.items()}
-            policy = policy.model_copy(update={
-                "knobs": knobs, "probe": probe_cfg,
-                "tuning": policy.tuning.model_copy(update=tuning_upd)})
+            upd: dict[str, object] = {"knobs": knobs, "probe": probe_cfg,
+                                      "tuning": policy.tuning.model_copy(update=tuning_upd)}
+            if settings.confirm_pairs is not None:
+                upd["confirm"] = policy.confirm.model_copy(update={"pairs": settings.confirm_pairs})
+            policy = policy.model_copy(update=upd)
             probe = make_probe(probe_cfg, host, clock=clock, runner=runner,
                                client_cpus=world.client_cpus, server_cpus=world.server_cpus)
             probe.start()

@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +117,7 @@ class DefaultWorld:
     config: WorldConfig = field(default_factory=WorldConfig)
     ncpus: int = 2
     hog_timeout_s: int = 3600
+    kill: Callable[[int, int], None] = kill_pid
     _hog: Spawned | None = None
     _up: bool = False
     _owner_pid: int = 0
@@ -163,7 +164,7 @@ class DefaultWorld:
         pids = [int(p) for p in res.stdout.split() if p.isdigit()]
         for p in pids:
             if p != os.getpid():
-                kill_pid(p, signal.SIGKILL)
+                self.kill(p, signal.SIGKILL)
 
     def setup(self) -> None:
         c = self.config
