@@ -178,7 +178,7 @@ def test_layouts_and_checks() -> None:
     assert WORKLOADS["shared-cpu"].client_cpus == WORKLOADS["shared-cpu"].server_cpus == (0,)
     assert clamp_cpus((0, 1), 1) == (0,)
     assert clamp_cpus((1, 0), 2) == (1, 0)
-    with pytest.raises(UsageError, match="outside 198.18.0.0/15"):
+    with pytest.raises(UsageError, match=r"outside 198\.18\.0\.0/15"):
         WorldConfig(server_addr="10.0.0.2").check()
     with pytest.raises(UsageError, match="must start with"):
         WorldConfig(client_ns="foo").check()
