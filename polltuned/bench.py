@@ -329,6 +329,30 @@ def supported_knobs(actuator: Any, keys: Sequence[str]) -> tuple[list[str], dict
     return ok, dropped
 
 
+def recover(state_dir: Path, *, host: Host, clock: Clock,
+            progress: Callable[[str], None] = lambda s: None) -> tuple[bool, list[str]]:
+    """Undo what a crashed bench left: roll back its journal (every knob it changed) while the
+    world's devices may still exist, then remove ``ptb-*`` namespaces and what runs in them.
+    Returns (knobs were dirty, namespaces removed). Safe to call when nothing is left."""
+    from polltuned.actuator import Actuator
+    from polltuned.host.exec import SubprocessRunner
+    from polltuned.journal import Journal
+    from polltuned.worlds.default import DefaultWorld
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    actuator = Actuator(host, Journal(state_dir, clock=clock), clock=clock)
+    dirty = bool(actuator.is_dirty())
+    if dirty:
+        progress("a previous run left knobs changed: rolling them back first")
+        rep = actuator.rollback()
+        log.warning("bench: rolled back a previous run's knobs: %s", rep)
+    world = DefaultWorld(host, SubprocessRunner(), clock, state_dir)
+    removed = world.cleanup_leftovers()
+    if removed:
+        progress(f"removed leftovers of a crashed run: {', '.join(removed)}")
+    return dirty, removed
+
+
 def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
               progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     """The whole bench on the real host. Needs root; hold /tmp/polltuned-realkernel.lock around it."""
@@ -373,14 +397,8 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
     restored = False
     with signals_raise():
         try:
+            recover(state_dir, host=host, clock=clock, progress=progress)
             actuator = Actuator(host, journal, clock=clock)
-            if actuator.is_dirty():
-                progress("a previous run left knobs changed: rolling them back first")
-                rep = actuator.rollback()
-                log.warning("bench: rolled back a previous run's knobs: %s", rep)
-            removed = world.cleanup_leftovers()
-            if removed:
-                progress(f"removed leftovers of a crashed run: {', '.join(removed)}")
             progress(f"creating the world ({workload.name}: {workload.description})")
             world.setup()
             keys, dropped = supported_knobs(actuator, list(policy.knobs))

@@ -72,3 +72,52 @@ def test_real_bench_short(real_kernel: None, tmp_path: Path) -> None:
     first = json.loads(lines[0])
     assert set(first) >= {"v", "workload", "config", "window"} and first["workload"] == "single"
     assert os.path.getsize(tmp_path / "rec.jsonl") > 0
+
+
+@pytest.mark.realkernel
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_crashed_bench_is_cleaned_up(real_kernel: None, tmp_path: Path) -> None:
+    """SIGKILL a bench right after its first real knob write; recover() puts everything back."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from polltuned.bench import recover
+
+    if shutil.which("sockperf") is None:
+        pytest.skip("sockperf not installed")
+    host = FsHost("/")
+    before = _snapshot(host)
+    state = tmp_path / "st"
+    env = {**os.environ, "POLLTUNED_TEST_PAUSE_AFTER": "write:1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polltuned", "--state-dir", str(state), "bench", "--no-lock", "--budget", "4",
+         "--window", "1", "--rounds", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"bench exited before its first write: {proc.stderr.read().decode()[-2000:]}"
+                            if proc.stderr else "bench exited early")
+            if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("bench never reached its first knob write")
+        crashed = _snapshot(host)
+        assert crashed != before, "the paused bench should have changed a knob and created namespaces"
+        assert "ptb-c" in crashed["netns"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        if proc.stderr:
+            proc.stderr.close()
+    dirty, removed = recover(state / "bench", host=host, clock=SystemClock())
+    assert dirty
+    assert sorted(removed) == ["ptb-c", "ptb-s"]
+    assert _snapshot(host) == before
+    assert recover(state / "bench", host=host, clock=SystemClock()) == (False, [])

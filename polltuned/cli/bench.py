@@ -38,12 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", metavar="FILE", help="append every window as JSON lines (replay input)")
     p.add_argument("--report", metavar="PNG", help="draw the trials report to this file")
     p.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    p.add_argument("--cleanup", action="store_true",
+                   help="only undo what a crashed bench left (knobs from its journal, ptb-* namespaces), then exit")
     p.add_argument("--no-lock", action="store_true",
                    help=f"do not take {LOCK} (only when the caller already holds it)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.bench import BenchSettings, render_table, run_bench
+    from polltuned.bench import BenchSettings, recover, render_table, run_bench
 
     host = FsHost(args.host_root)
     if not host.is_real:
@@ -76,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     try:
+        if args.cleanup:
+            dirty, removed = recover(settings.state_dir, host=host, clock=SystemClock(), progress=progress)
+            print(f"knobs rolled back: {'yes' if dirty else 'nothing to do'}; "
+                  f"namespaces removed: {', '.join(removed) or 'none'}")
+            return 0
         res = run_bench(settings, host=host, clock=SystemClock(), progress=progress)
     finally:
         if fd >= 0:

@@ -1,0 +1,113 @@
+"""Run `polltuned bench` on every workload and print the README table (markdown).
+
+    sudo .venv/bin/python benchmarks/bench_workloads.py --out bench-results/  [--workload single ...]
+
+Each workload is one full bench run (default budget, 3 interleaved comparison rounds), holding the
+real-kernel lock. Per workload it writes OUT/<workload>.json (the bench's --json document) and
+OUT/<workload>.jsonl (--record), then prints one markdown table over all workloads with the targets
+of the issue checked per row:
+  * deployed p99 no worse than the defaults' (within the comparison's noise: upper CI of deployed
+    vs median of default is not required; the plain medians are compared);
+  * where static p99 > default p99: deployed J at least 2x better than static's;
+  * where static p99 < default p99: deployed captures >= 80 % of static's p99 gain at <= static's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+LOCK = "/tmp/polltuned-realkernel.lock"
+
+
+def verdicts(d: dict[str, Any]) -> dict[str, str]:
+    """Pure: check the issue's targets on one bench --json document."""
+    base, static, dep = d["default"], d["static"], d["deployed"]
+    out: dict[str, str] = {}
+    out["no_regression"] = "yes" if dep["p99_us"] <= base["p99_us"] else "NO"
+    if static["p99_us"] > base["p99_us"]:
+        ratio = static["objective"] / dep["objective"]
+        out["vs_static"] = f"J {ratio:.1f}x better than static" + (" (target 2x: met)" if ratio >= 2 else
+                                                                    " (target 2x: MISSED)")
+    else:
+        gain_static = base["p99_us"] - static["p99_us"]
+        gain_dep = base["p99_us"] - dep["p99_us"]
+        share = gain_dep / gain_static if gain_static > 0 else math.nan
+        cpu_ok = dep["cpu_cores"] <= static["cpu_cores"] * 1.05
+        out["vs_static"] = (f"{share * 100:.0f}% of static's p99 gain, CPU {dep['cpu_cores']:.2f} vs "
+                            f"{static['cpu_cores']:.2f}" + (" (target met)" if share >= 0.8 and cpu_ok
+                                                             else " (target MISSED)"))
+    return out
+
+
+def table(docs: list[dict[str, Any]]) -> str:
+    lines = ["| workload | config | p50 µs | p99 µs | p99.9 µs | CPU cores | objective J (95% CI) | deployed knobs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for d in docs:
+        base_cfg = d["default"]["config"]
+        for arm in ("default", "static", "deployed"):
+            a = d[arm]
+            ci = a["objective_ci95"]
+            ci_s = f" ({ci[0]:.0f}–{ci[1]:.0f})" if ci[0] is not None and ci[1] is not None else ""
+            knobs = ""
+            if arm == "deployed":
+                diff = {k: v for k, v in a["config"].items() if base_cfg.get(k) != v}
+                knobs = ", ".join(f"{k.split(':')[-1]}={v}" for k, v in diff.items()) or "defaults kept"
+            lines.append(f"| {d['workload']} | {arm} | {a['p50_us']:.1f} | {a['p99_us']:.1f} | {a['p999_us']:.0f} | "
+                         f"{a['cpu_cores']:.2f} | {a['objective']:.1f}{ci_s} | {knobs} |")
+    lines.append("")
+    for d in docs:
+        v = verdicts(d)
+        lines.append(f"- **{d['workload']}** ({d['duration_s']:.0f} s): p99 no worse than defaults: "
+                     f"{v['no_regression']}; {v['vs_static']}; verdict: {d['tuning']['reason']}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench-results", help="directory for per-workload JSON (default bench-results)")
+    ap.add_argument("--workload", action="append", help="only these workloads (repeatable)")
+    ap.add_argument("--budget", type=int, help="search windows (default: the policy's)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--table-only", action="store_true", help="print the table from existing OUT/*.json")
+    args = ap.parse_args()
+    from polltuned.bench import BenchSettings, render_table, run_bench
+    from polltuned.clock import SystemClock
+    from polltuned.host.fs import FsHost
+    from polltuned.worlds.default import WORKLOADS
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = args.workload or list(WORKLOADS)
+    if not args.table_only:
+        fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            for name in names:
+                t0 = time.monotonic()
+                rec = out / f"{name}.jsonl"
+                rec.unlink(missing_ok=True)
+                res = run_bench(BenchSettings(workload=name, budget=args.budget, compare_rounds=args.rounds,
+                                              state_dir=out / "state", record=rec),
+                                host=FsHost("/"), clock=SystemClock(),
+                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+                (out / f"{name}.json").write_text(json.dumps(res.to_json(), indent=1, default=str))
+                print(render_table(res), file=sys.stderr)
+                print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+    docs = [json.loads((out / f"{n}.json").read_text()) for n in names if (out / f"{n}.json").exists()]
+    print(table(docs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
