@@ -58,9 +58,12 @@ def make_probe(
     if isinstance(cfg, SimConfig):
         # polltuned.probes.sim belongs to the simulation engine; imported by name to keep the
         # dependency one-way and lazy.
-        mod = importlib.import_module("polltuned.probes.sim")
-        build = getattr(mod, "make_sim_probe", None)
+        try:
+            mod = importlib.import_module("polltuned.probes.sim")
+        except ImportError as e:
+            raise UsageError(f"probe kind 'sim' is not available: {e}") from e
+        build = getattr(mod, "make_sim_probe", None) or getattr(mod, "SimProbe", None)
         if build is None:
-            raise UsageError("probe kind 'sim': polltuned.probes.sim has no make_sim_probe()")
+            raise UsageError("probe kind 'sim': polltuned.probes.sim has neither make_sim_probe() nor SimProbe")
         return cast(Probe, build(cfg, host, clock=clock))
     raise UsageError(f"probe.kind: unknown probe {getattr(cfg, 'kind', cfg)!r}")
