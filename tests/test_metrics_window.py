@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from types import MappingProxyType
 
-import numpy as np
 import pytest
 
 from polltuned.clock import FakeClock
 from polltuned.counters import Sampler, Snapshot
-from polltuned.counters.irq_percpu import IrqCounts
-from polltuned.counters.softnet import SoftnetRow
-from polltuned.counters.stat import CpuTimes, StatRecord
+from polltuned.counters.irq_percpu import parse_per_cpu_count
+from polltuned.counters.softnet import parse_softnet
+from polltuned.counters.stat import parse_stat
 from polltuned.host.fs import FsHost
 from polltuned.metrics.window import MetricUnavailable, delta32, rates
 from tests.fixtures.gen_large_host import NIC, Spec, generate, increments, nic_irqs
@@ -63,12 +62,17 @@ def test_delta32() -> None:
 
 def _snap(t: float, cpus: dict[int, int], softnet: dict[int, int] | None = None,
           irq: dict[int, list[int]] | None = None) -> Snapshot:
-    times = {c: CpuTimes(0, 0, v, 100 - v, 0, 0, 0, 0, 0, 0) for c, v in cpus.items()}
-    fams: dict[str, object] = {"stat": StatRecord(times, CpuTimes(0, 0, 0, 0, 0, 0, 0, 0, 0, 0), None, None, None)}
+    """A snapshot built through the real parsers from kernel-format text."""
+    stat = "cpu  0 0 0 0 0 0 0 0 0 0\n" + "".join(
+        f"cpu{c} 0 0 {v} {100 - v} 0 0 0 0 0 0\n" for c, v in cpus.items())
+    fams: dict[str, object] = {"stat": parse_stat(stat)}
     if softnet is not None:
-        fams["softnet"] = {c: SoftnetRow(c, v, 0, 0, 0, 0, 0) for c, v in softnet.items()}
+        fams["softnet"] = parse_softnet("".join(
+            " ".join(f"{x:08x}" for x in [v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, c, 0, 0]) + "\n"
+            for c, v in softnet.items()))
     if irq is not None:
-        fams["irq_percpu"] = {n: IrqCounts(n, np.array(v, dtype=np.int64)) for n, v in irq.items()}
+        fams["irq_percpu"] = {n: parse_per_cpu_count(",".join(map(str, v)) + "\n", "/x", n)
+                              for n, v in irq.items()}
     return Snapshot(t=t, families=MappingProxyType(fams), unavailable={})
 
 

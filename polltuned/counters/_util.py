@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from polltuned.errors import ParseError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 def uints(tokens: list[str], path: str, lineno: int, what: str) -> list[int]:
@@ -36,3 +42,28 @@ def ufloat(token: str, path: str, lineno: int, what: str) -> float:
     if not ok:
         raise ParseError(path, lineno, f"{what}: expected a decimal number, got {token[:40]!r}")
     return float(token)
+
+
+_DIGITS_WS = b"0123456789 \n"
+
+
+def int_block(text: str) -> npt.NDArray[np.int64] | None:
+    """Every whitespace-separated token of ``text`` as int64 in one C call, or None when
+    ``text`` holds anything but ASCII digits, spaces and newlines (the caller then falls back to
+    its strict per-line parser, which names the offending line). Values > int64 clamp (strtoll),
+    so callers bound-check where a width matters."""
+    import numpy as np
+
+    if not text.isascii() or text.encode("ascii").translate(None, _DIGITS_WS):
+        return None
+    return np.fromstring(text, dtype=np.int64, sep=" ")
+
+
+def cpu_header(tokens: list[str], prefix: str, path: str, lineno: int) -> tuple[int, ...]:
+    """``["CPU0", "CPU1", ...]`` -> (0, 1, ...), fast for the 256-column headers."""
+    joined = " " + " ".join(tokens)
+    if tokens and joined.count(" " + prefix) == len(tokens) == joined.count(prefix):
+        ids = int_block(joined.replace(prefix, ""))
+        if ids is not None and ids.size == len(tokens):
+            return tuple(ids.tolist())
+    return tuple(cpu_id(t, prefix, path, lineno) for t in tokens)

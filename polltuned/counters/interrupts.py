@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from polltuned.counters._util import cpu_id
+from polltuned.counters._util import cpu_header
 from polltuned.errors import ParseError
 
 PATH = "/proc/interrupts"
@@ -60,7 +60,7 @@ def parse_interrupts(text: str, path: str = PATH) -> InterruptsRecord:
     header = lines[0].split() if lines else []
     if not header:
         raise ParseError(path, 1, "missing 'CPU0 CPU1 ...' header")
-    cpus = tuple(cpu_id(h, "CPU", path, 1) for h in header)
+    cpus = cpu_header(header, "CPU", path, 1)
     if len(set(cpus)) != len(cpus):
         raise ParseError(path, 1, "duplicate CPU column in header")
     n = len(cpus)

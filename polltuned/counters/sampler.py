@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from polltuned.counters.procs import ProcTimes
     from polltuned.counters.schedstat import SchedstatRecord
     from polltuned.counters.softirqs import SoftirqsRecord
-    from polltuned.counters.softnet import SoftnetRow
+    from polltuned.counters.softnet import SoftnetRecord
     from polltuned.counters.stat import StatRecord
 
 LOG_NAME = "polltuned.counters"
@@ -84,9 +84,9 @@ class Snapshot:
         return self._get("loadavg", LoadavgRecord)
 
     @property
-    def softnet(self) -> Mapping[int, SoftnetRow] | None:
-        v = self.families.get("softnet")
-        return v if isinstance(v, Mapping) else None
+    def softnet(self) -> SoftnetRecord | None:
+        from polltuned.counters.softnet import SoftnetRecord
+        return self._get("softnet", SoftnetRecord)
 
     @property
     def pressure(self) -> PressureRecord | None:

@@ -11,6 +11,7 @@ Public API::
                                   # all_irqs_per_s (device IRQs from /proc/interrupts, opt-in),
                                   # runq_wait_s_per_s (schedstat Δrun_delay/Δt = avg waiting tasks),
                                   # rx_packets_per_s, backlog_drops_per_s, time_squeeze_per_s (softnet)
+    Rates.cpu_column(name) -> (ids, values)   # the same numbers as numpy arrays (NaN = unavailable)
     Rates.nic[dev]: NicRates      # rx/tx packets/s, bytes/s, drops/s, errors/s; irqs_per_s per queue
     Rates.system: SystemRates     # procs_running (loadavg), psi cpu some / irq full (fraction of time)
     Rates.procs_cpu_cores         # user+system cores of the watched pids (None: family unavailable)
@@ -20,25 +21,39 @@ Public API::
 
 Rules (every value is either right or None — never a silent zero):
 
-* A metric whose family is unavailable in either snapshot is None and listed in ``unavailable``.
+* A metric whose family is unavailable in either snapshot is None and listed in ``unavailable``
+  (families that were never asked for are None without being listed).
 * 32-bit counters (softirqs, interrupts, per_cpu_count, softnet_stat) are differenced modulo
-  2**32; a wrapped delta above 2**31 is implausible within one interval and is treated as a reset.
+  2**32; a wrapped delta of 2**31 or more is implausible within one interval and is a reset.
 * 64-bit counters (/proc/stat ticks, schedstat, link stats64, PSI totals) that went down were
   reset (device re-created, ...): that value's rate is None and the reset is reported.
-* CPU hotplug: a CPU present in only one snapshot gets no rate (it is absent from ``cpu``).
+* CPU hotplug: a CPU present in only one snapshot gets no rate (it is absent from ``cpu``); with
+  /proc/stat available, only CPUs online in both snapshots appear.
+* CPU shares are each CPU's tick deltas divided by the sum of its eight tick deltas (the kernel's
+  own elapsed time for that CPU), which removes USER_HZ sampling jitter against the wall interval.
+
+Per-CPU arithmetic is vectorised with numpy; ``Rates.cpu`` builds a CpuRates object the first
+time a CPU is looked up.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from polltuned.counters.sampler import Snapshot
 from polltuned.counters.stat import USER_HZ
 from polltuned.errors import PolltunedError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    F64 = npt.NDArray[np.float64]
+    I64 = npt.NDArray[np.int64]
 
 _WRAP32 = 1 << 32
 
@@ -63,6 +78,28 @@ def delta64(a: int, b: int) -> int | None:
     return d if d >= 0 else None
 
 
+def _d32(a: I64, b: I64) -> F64:
+    """Vector delta32: float array, NaN where the counter was reset."""
+    import numpy as np
+
+    d = b - a
+    wrapped = d < 0
+    if not wrapped.any():
+        return d.astype(np.float64)
+    d = np.where(wrapped, d + _WRAP32, d)
+    out = d.astype(np.float64)
+    out[wrapped & (d >= (1 << 31))] = np.nan
+    return out
+
+
+def _d64(a: I64, b: I64) -> F64:
+    import numpy as np
+
+    d = (b - a).astype(np.float64)
+    d[d < 0] = np.nan
+    return d
+
+
 @dataclass(frozen=True)
 class CpuRates:
     user: float | None = None
@@ -85,6 +122,40 @@ class CpuRates:
 
     def to_json(self) -> dict[str, float | None]:
         return asdict(self)
+
+
+CPU_COLUMNS = tuple(f.name for f in fields(CpuRates))
+BUSY_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+class CpuTable(Mapping[int, CpuRates]):
+    """cpu id -> CpuRates over numpy columns (NaN = unavailable); objects are built on lookup."""
+
+    def __init__(self, ids: I64, columns: Mapping[str, F64]) -> None:
+        self.ids = ids
+        self.columns = columns
+        self._index = {c: i for i, c in enumerate(ids.tolist())}
+        self._cache: dict[int, CpuRates] = {}
+
+    def __getitem__(self, cpu: int) -> CpuRates:
+        got = self._cache.get(cpu)
+        if got is None:
+            i = self._index[cpu]     # KeyError for CPUs without rates, as a Mapping should
+            kw = {}
+            for name, col in self.columns.items():
+                v = float(col[i])
+                kw[name] = None if math.isnan(v) else v
+            got = self._cache[cpu] = CpuRates(**kw)
+        return got
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, cpu: object) -> bool:
+        return cpu in self._index
 
 
 @dataclass(frozen=True)
@@ -134,9 +205,6 @@ class SystemRates:
         return asdict(self)
 
 
-BUSY_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-
-
 @dataclass(frozen=True)
 class Rates:
     interval_s: float
@@ -146,17 +214,35 @@ class Rates:
     procs_cpu_cores: float | None
     unavailable: Mapping[str, str]
 
+    def cpu_column(self, name: str) -> tuple[list[int], list[float | None]]:
+        """(cpu ids, values) of one CpuRates field for every CPU, in id order."""
+        if name not in CPU_COLUMNS:
+            raise MetricUnavailable(f"unknown per-CPU metric {name!r}; known: {', '.join(CPU_COLUMNS)}")
+        ids = sorted(self.cpu)
+        return ids, [getattr(self.cpu[c], name) for c in ids]
+
     def busy_cores(self, cpus: Sequence[int] | None = None,
                    fields: Sequence[str] = ("system", "softirq", "irq")) -> float:
         """Cores spent in ``fields`` summed over ``cpus`` (default: every CPU in both snapshots).
-        Raises MetricUnavailable when /proc/stat was unavailable or a CPU is missing."""
+        Raises MetricUnavailable when /proc/stat was unavailable, a counter was reset or a CPU is
+        missing."""
         bad = [f for f in fields if f not in BUSY_FIELDS]
         if bad:
             raise MetricUnavailable(f"busy_cores: unknown field {bad[0]!r}; known: {', '.join(BUSY_FIELDS)}")
-        wanted = sorted(self.cpu) if cpus is None else list(cpus)
+        table = self.cpu
+        if cpus is None and isinstance(table, CpuTable):
+            total = 0.0
+            for f in fields:
+                s = float(table.columns[f].sum())
+                if math.isnan(s):
+                    raise MetricUnavailable(
+                        f"busy_cores: {f} unavailable on some CPU ({self.unavailable.get('stat', 'counter reset')})")
+                total += s
+            return total
+        wanted = sorted(table) if cpus is None else list(cpus)
         total = 0.0
         for c in wanted:
-            r = self.cpu.get(c)
+            r = table.get(c)
             if r is None:
                 raise MetricUnavailable(f"busy_cores: no rates for cpu{c} (offline in one snapshot?)")
             for f in fields:
@@ -170,7 +256,7 @@ class Rates:
     def to_json(self) -> dict[str, object]:
         return {
             "interval_s": self.interval_s,
-            "cpu": {str(c): r.to_json() for c, r in sorted(self.cpu.items())},
+            "cpu": {str(c): self.cpu[c].to_json() for c in sorted(self.cpu)},
             "nic": None if self.nic is None else {n: r.to_json() for n, r in sorted(self.nic.items())},
             "system": self.system.to_json(),
             "procs_cpu_cores": self.procs_cpu_cores,
@@ -182,15 +268,132 @@ def _rate(d: int | None, dt: float) -> float | None:
     return None if d is None else d / dt
 
 
-def _unavail(a: Snapshot, b: Snapshot, fam: str, out: dict[str, str]) -> bool:
-    """True (and the reason recorded) when ``fam`` is missing from either snapshot."""
+def _unavail(a: Snapshot, b: Snapshot, fam: str, out: dict[str, str]) -> None:
+    """Record why ``fam`` is missing from a or b — unless it was never asked for."""
     if fam in a.families and fam in b.families:
-        return False
+        return
     requested = fam in a.families or fam in b.families or fam in a.unavailable or fam in b.unavailable
-    if not requested:
-        return True  # family not asked for: its metrics are None, but it is not "unavailable"
-    out[fam] = b.unavailable.get(fam) or a.unavailable.get(fam) or "not collected"
-    return True
+    if requested:
+        out[fam] = b.unavailable.get(fam) or a.unavailable.get(fam) or "not collected"
+
+
+def _common(ids_a: Sequence[int], ids_b: Sequence[int]) -> tuple[I64, I64, I64]:
+    import numpy as np
+
+    common, ia, ib = np.intersect1d(np.asarray(ids_a, dtype=np.int64), np.asarray(ids_b, dtype=np.int64),
+                                    assume_unique=True, return_indices=True)
+    return common, ia, ib
+
+
+#: one family's per-CPU result: (cpu ids, {column: values})
+_Part = tuple["I64", dict[str, "F64"]]
+
+
+def _cpu_parts(a: Snapshot, b: Snapshot, dt: float, un: dict[str, str]) -> tuple[I64 | None, list[_Part]]:
+    import numpy as np
+
+    parts: list[_Part] = []
+    online: I64 | None = None
+
+    sa, sb = a.stat, b.stat
+    if sa is not None and sb is not None:
+        online, ia, ib = _common(sa.ids, sb.ids)
+        d = (sb.ticks[ib, :8] - sa.ticks[ia, :8]).astype(np.float64)
+        neg = d < 0
+        if neg.any():
+            for c in online[neg.any(axis=1)].tolist():
+                un[f"stat.cpu{c}"] = "counter reset"
+            d[neg] = np.nan
+        tot = d.sum(axis=1)          # NaN where any field was reset
+        denom = np.where(np.isnan(tot) | (tot <= 0), USER_HZ * dt, tot)
+        shares = d / denom[:, None]
+        parts.append((online, {f: shares[:, k] for k, f in enumerate(BUSY_FIELDS)}))
+    else:
+        _unavail(a, b, "stat", un)
+
+    qa, qb = a.softirqs, b.softirqs
+    if qa is not None and qb is not None:
+        ids, ia, ib = _common(qa.cpus, qb.cpus)
+        pos_a = {n: i for i, n in enumerate(qa.names)}
+        rows = np.full((len(qb.names), len(ids)), np.nan)
+        for j, name in enumerate(qb.names):
+            i = pos_a.get(name)
+            if i is not None:
+                rows[j] = _d32(qa.matrix[i, ia], qb.matrix[j, ib]) / dt
+        cols = {"softirqs_per_s": rows.sum(axis=0)}
+        names = list(qb.names)
+        nan = np.full(len(ids), np.nan)
+        cols["net_rx_per_s"] = rows[names.index("NET_RX")] if "NET_RX" in names else nan
+        cols["net_tx_per_s"] = rows[names.index("NET_TX")] if "NET_TX" in names else nan
+        parts.append((ids, cols))
+    else:
+        _unavail(a, b, "softirqs", un)
+
+    ina, inb = a.interrupts, b.interrupts
+    if ina is not None and inb is not None:
+        ids, ia, ib = _common(ina.cpus, inb.cpus)
+        acc = np.zeros(len(ids))
+        for k in ina.rows.keys() & inb.rows.keys():
+            xa, xb = ina.rows[k], inb.rows[k]
+            if xa.irq is None or xa.counts is None or xb.counts is None:
+                continue
+            acc += _d32(np.asarray(xa.counts, dtype=np.int64)[ia], np.asarray(xb.counts, dtype=np.int64)[ib])
+        parts.append((ids, {"all_irqs_per_s": acc / dt}))
+    else:
+        _unavail(a, b, "interrupts", un)
+
+    ka, kb = a.irq_percpu, b.irq_percpu
+    if ka is not None and kb is not None:
+        width = max((len(v.counts) for v in kb.values()), default=0)
+        acc = np.zeros(width)
+        for irq in ka.keys() & kb.keys():
+            ca, cb = ka[irq].counts, kb[irq].counts
+            n = min(len(ca), len(cb))
+            acc[:n] += _d32(ca[:n], cb[:n])
+        parts.append((np.arange(width, dtype=np.int64), {"irqs_per_s": acc / dt}))
+    else:
+        _unavail(a, b, "irq_percpu", un)
+
+    ra, rb = a.schedstat, b.schedstat
+    if ra is not None and rb is not None:
+        ids, ia, ib = _common(ra.ids, rb.ids)
+        parts.append((ids, {"runq_wait_s_per_s": _d64(ra.run_delay_ns[ia], rb.run_delay_ns[ib]) / 1e9 / dt}))
+    else:
+        _unavail(a, b, "schedstat", un)
+
+    na, nb = a.softnet, b.softnet
+    if na is not None and nb is not None:
+        ids, ia, ib = _common(na.ids, nb.ids)
+        cols = {}
+        for out, col in (("rx_packets_per_s", 0), ("backlog_drops_per_s", 1), ("time_squeeze_per_s", 2)):
+            cols[out] = _d32(na.matrix[ia, col], nb.matrix[ib, col]) / dt
+        parts.append((ids, cols))
+    else:
+        _unavail(a, b, "softnet", un)
+    return online, parts
+
+
+def _cpu_table(online: I64 | None, parts: list[_Part]) -> CpuTable:
+    import numpy as np
+
+    if online is not None:
+        universe = online
+    elif parts:
+        universe = np.unique(np.concatenate([ids for ids, _ in parts]))
+    else:
+        universe = np.zeros(0, dtype=np.int64)
+    columns = {name: np.full(len(universe), np.nan) for name in CPU_COLUMNS}
+    for ids, cols in parts:
+        if not len(ids) or not len(universe):
+            continue
+        pos = np.searchsorted(universe, ids)
+        pos_c = np.minimum(pos, len(universe) - 1)
+        ok = universe[pos_c] == ids
+        for name, vals in cols.items():
+            columns[name][pos_c[ok]] = vals[ok]
+    for col in columns.values():
+        col.flags.writeable = False
+    return CpuTable(universe, MappingProxyType(columns))
 
 
 def rates(a: Snapshot, b: Snapshot) -> Rates:
@@ -198,142 +401,18 @@ def rates(a: Snapshot, b: Snapshot) -> Rates:
     if not (dt > 0 and math.isfinite(dt)):
         raise MetricUnavailable(f"snapshots are not in time order (interval {dt!r} s)")
     un: dict[str, str] = {}
-    cpu: dict[int, dict[str, float | None]] = {}
+    online, parts = _cpu_parts(a, b, dt, un)
+    table = _cpu_table(online, parts)
 
-    # /proc/stat: ticks -> fraction of one core. Shares are normalised by the CPU's own total tick
-    # delta (all eight fields; guest is inside user), which removes USER_HZ tick-sampling jitter
-    # against the wall interval; when no tick elapsed the wall interval is used.
-    sa, sb = a.stat, b.stat
-    if sa is not None and sb is not None:
-        for c in sa.cpus.keys() & sb.cpus.keys():
-            ta, tb = sa.cpus[c], sb.cpus[c]
-            srow = cpu.setdefault(c, {})
-            ds = [delta64(getattr(ta, f), getattr(tb, f)) for f in BUSY_FIELDS]
-            known = [d for d in ds if d is not None]
-            if len(known) != len(ds):
-                un[f"stat.cpu{c}"] = "counter reset"
-            denom = float(sum(known)) if len(known) == len(ds) and sum(known) > 0 else USER_HZ * dt
-            for f, d in zip(BUSY_FIELDS, ds):
-                srow[f] = None if d is None else d / denom
-    else:
-        _unavail(a, b, "stat", un)
-    online = set(cpu) if sa is not None and sb is not None else None
-
-    def row_for(c: int) -> dict[str, float | None] | None:
-        # with /proc/stat available, only CPUs online in both snapshots get rates (hotplug)
-        if online is not None and c not in online:
-            return None
-        return cpu.setdefault(c, {})
-
-    # /proc/softirqs (possible CPUs; header names the columns)
-    qa, qb = a.softirqs, b.softirqs
-    if qa is not None and qb is not None:
-        same = qa.cpus == qb.cpus
-        ia, ib = {c: i for i, c in enumerate(qa.cpus)}, {c: i for i, c in enumerate(qb.cpus)}
-        cols = [(c, ia[c], ib[c]) for c in qb.cpus if c in ia and (online is None or c in online)]
-        per_vec: dict[str, list[float | None]] = {}
-        for name, rb in qb.counts.items():
-            ra = qa.counts.get(name)
-            if ra is None:
-                per_vec[name] = [None] * len(cols)
-                continue
-            full: list[int | None] = list(map(operator.sub, rb, ra)) if same else []
-            if not same or min(full, default=0) < 0:  # type: ignore[type-var]
-                full = [None] * len(qb.cpus)
-                for _, i, j in cols:
-                    full[j] = delta32(ra[i], rb[j])
-            per_vec[name] = [None if full[j] is None else full[j] / dt  # type: ignore[operator]
-                             for _, _, j in cols]
-        rx, tx = per_vec.get("NET_RX"), per_vec.get("NET_TX")
-        for k, (c, _, _) in enumerate(cols):
-            prow = cpu.setdefault(c, {})
-            prow["net_rx_per_s"] = None if rx is None else rx[k]
-            prow["net_tx_per_s"] = None if tx is None else tx[k]
-            stot: float | None = 0.0
-            for v in per_vec.values():
-                sv = v[k]
-                if sv is None or stot is None:
-                    stot = None
-                    break
-                stot += sv
-            prow["softirqs_per_s"] = stot
-    else:
-        _unavail(a, b, "softirqs", un)
-
-    # /proc/interrupts (opt-in): device IRQs per CPU (numeric rows present in both snapshots)
-    ina, inb = a.interrupts, b.interrupts
-    if ina is not None and inb is not None:
-        ia_ = {c: i for i, c in enumerate(ina.cpus)}
-        ib_ = {c: i for i, c in enumerate(inb.cpus)}
-        sums: dict[int, float | None] = {}
-        for k in ina.rows.keys() & inb.rows.keys():
-            xa_, xb_ = ina.rows[k], inb.rows[k]
-            if xa_.irq is None or xa_.counts is None or xb_.counts is None:
-                continue
-            for c in ia_.keys() & ib_.keys():
-                r = _rate(delta32(xa_.counts[ia_[c]], xb_.counts[ib_[c]]), dt)
-                prev = sums.get(c, 0.0)
-                sums[c] = None if (prev is None or r is None) else prev + r
-        for c, r in sums.items():
-            prow = row_for(c)
-            if prow is not None:
-                prow["all_irqs_per_s"] = r
-    elif "interrupts" in a.families or "interrupts" in b.families or "interrupts" in b.unavailable:
-        _unavail(a, b, "interrupts", un)
-
-    # NIC queue IRQs via per_cpu_count (index = CPU id), per CPU and per queue (numpy arrays)
-    ka, kb = a.irq_percpu, b.irq_percpu
+    # queue IRQ rates (per IRQ, all CPUs) for the NIC rows
     nic_irq_rate: dict[int, float | None] = {}
+    ka, kb = a.irq_percpu, b.irq_percpu
     if ka is not None and kb is not None:
-        import numpy as np
-
-        width = max((len(v.counts) for v in kb.values()), default=0)
-        irq_acc = np.zeros(width, dtype=np.int64)
-        broken = np.zeros(width, dtype=bool)      # CPUs with a reset counter in some IRQ
-        for irq in sorted(ka.keys() & kb.keys()):
+        for irq in ka.keys() & kb.keys():
             ca, cb = ka[irq].counts, kb[irq].counts
             n = min(len(ca), len(cb))
-            ds = cb[:n] - ca[:n]
-            if n and ds.min() < 0:                 # 32-bit wrap, or a reset
-                ds = np.where(ds < 0, ds + _WRAP32, ds)
-                bad = ds >= (1 << 31)
-                broken[:n] |= bad
-                ds = np.where(bad, 0, ds)
-                nic_irq_rate[irq] = None if bad.any() else float(ds.sum()) / dt
-            else:
-                nic_irq_rate[irq] = float(ds.sum()) / dt
-            irq_acc[:n] += ds
-        acc_l, broken_l = irq_acc.tolist(), broken.tolist()
-        for c in range(width):
-            prow = row_for(c)
-            if prow is not None:
-                prow["irqs_per_s"] = None if broken_l[c] else acc_l[c] / dt
-    else:
-        _unavail(a, b, "irq_percpu", un)
-
-    # schedstat: run_delay ns -> seconds waited per second
-    ra_, rb_ = a.schedstat, b.schedstat
-    if ra_ is not None and rb_ is not None:
-        for c in ra_.cpus.keys() & rb_.cpus.keys():
-            prow = row_for(c)
-            if prow is not None:
-                d = delta64(ra_.cpus[c].run_delay_ns, rb_.cpus[c].run_delay_ns)
-                prow["runq_wait_s_per_s"] = None if d is None else d / 1e9 / dt
-    else:
-        _unavail(a, b, "schedstat", un)
-
-    # softnet_stat (32-bit, rows keyed by the cpu-id column)
-    na, nb = a.softnet, b.softnet
-    if na is not None and nb is not None:
-        for c in na.keys() & nb.keys():
-            prow = row_for(c)
-            if prow is not None:
-                sx, sy = na[c], nb[c]
-                prow["rx_packets_per_s"] = _rate(delta32(sx.processed, sy.processed), dt)
-                prow["backlog_drops_per_s"] = _rate(delta32(sx.dropped, sy.dropped), dt)
-                prow["time_squeeze_per_s"] = _rate(delta32(sx.time_squeeze, sy.time_squeeze), dt)
-    else:
-        _unavail(a, b, "softnet", un)
+            tot = float(_d32(ca[:n], cb[:n]).sum())
+            nic_irq_rate[irq] = None if math.isnan(tot) else tot / dt
 
     # links + queue IRQs -> NicRates
     nic: dict[str, NicRates] | None = None
@@ -377,6 +456,7 @@ def rates(a: Snapshot, b: Snapshot) -> Rates:
         sys_kw["load1"] = lv.load1
     else:
         _unavail(a, b, "loadavg", un)
+    sa, sb = a.stat, b.stat
     if sa is not None and sb is not None and sa.ctxt is not None and sb.ctxt is not None:
         sys_kw["ctxt_per_s"] = _rate(delta64(sa.ctxt, sb.ctxt), dt)
     pa_, pb_ = a.pressure, b.pressure
@@ -410,7 +490,7 @@ def rates(a: Snapshot, b: Snapshot) -> Rates:
 
     return Rates(
         interval_s=dt,
-        cpu=MappingProxyType({c: CpuRates(**v) for c, v in sorted(cpu.items())}),
+        cpu=table,
         nic=None if nic is None else MappingProxyType(nic),
         system=SystemRates(**sys_kw),  # type: ignore[arg-type]
         procs_cpu_cores=procs_cores,
