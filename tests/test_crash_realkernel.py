@@ -94,3 +94,29 @@ def test_kill9_apply_then_rollback_restores_real_knobs(veth_world: None, tmp_pat
     v = _cli(["--state-dir", str(state), "verify"])
     vout, _ = v.communicate(timeout=60)
     assert b"clean" in vout
+
+
+@pytest.mark.realkernel
+def test_real_irq_affinity_strategy_and_rollback(real_kernel: None, tmp_path: Path) -> None:
+    """Writes eth0's queue IRQ affinities (spread), rolls back with the CLI; restores in finally."""
+    host = FsHost("/")
+    reg = KnobRegistry(host, app_cpus=[1])
+    knob = reg.get("eth0:irq_affinity") if host.exists("/sys/class/net/eth0") else None
+    if knob is None or not knob.availability().writable:
+        pytest.skip("no eth0 with settable queue IRQs")
+    saved = {irq: host.read_text(f"/proc/irq/{irq}/smp_affinity_list") for irq in knob.settable_irqs()[0]}
+    state = tmp_path / "state"
+    try:
+        p = _cli(["--state-dir", str(state), "apply", "eth0:irq_affinity=spread"])
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert b"->" in out
+        lists = [host.read_text(f"/proc/irq/{irq}/smp_affinity_list").strip() for irq in sorted(saved)]
+        assert all("-" not in x and "," not in x for x in lists)  # one CPU each
+        r = _cli(["--state-dir", str(state), "rollback"])
+        assert r.wait(60) == 0
+        assert {irq: host.read_text(f"/proc/irq/{irq}/smp_affinity_list") for irq in saved} == saved
+    finally:
+        for irq, v in saved.items():
+            if host.read_text(f"/proc/irq/{irq}/smp_affinity_list") != v:
+                host.write_text(f"/proc/irq/{irq}/smp_affinity_list", v)
