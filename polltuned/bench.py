@@ -289,7 +289,16 @@ class BenchInterrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
+    """SIGTERM raises BenchInterrupted in this process only.
+
+    pyroute2 opens sockets inside a named netns from a forked child and stops that child with
+    SIGTERM; the child inherits this handler. Raising there would unwind the *parent's* copied stack
+    in the child (running its finally/undo code against the real host), so a child exits at once."""
+    owner = os.getpid()
+
     def on_term(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:
+            os._exit(0)
         raise BenchInterrupted(f"signal {signum}")
 
     old = signal.signal(signal.SIGTERM, on_term)

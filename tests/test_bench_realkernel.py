@@ -121,3 +121,36 @@ def test_crashed_bench_is_cleaned_up(real_kernel: None, tmp_path: Path) -> None:
     assert sorted(removed) == ["ptb-c", "ptb-s"]
     assert _snapshot(host) == before
     assert recover(state / "bench", host=host, clock=SystemClock()) == (False, [])
+
+
+@pytest.mark.realkernel
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_sigint_and_sigterm_restore_everything(real_kernel: None, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) and SIGTERM in the middle of tuning: every knob and namespace is put back."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if shutil.which("sockperf") is None:
+        pytest.skip("sockperf not installed")
+    host = FsHost("/")
+    before = _snapshot(host)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "polltuned", "--state-dir", str(tmp_path / sig.name), "bench", "--no-lock",
+             "--budget", "8", "--window", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        seen = []
+        deadline = time.monotonic() + 90
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("[MEASURE] J=") or time.monotonic() > deadline:
+                break  # a trial window was measured: knobs are changed now
+        changed = _snapshot(host) != before
+        proc.send_signal(sig)
+        rest = proc.communicate(timeout=60)[1]
+        assert changed or any("apply" in s for s in seen), "".join(seen)[-2000:]
+        assert proc.returncode != 0
+        assert _snapshot(host) == before, f"{sig.name}: not restored\n{rest[-2000:]}"
