@@ -38,8 +38,8 @@ softirq 131311 0 25473 3 3367 36183 0 3 39539 0 26743
 """
 
 # fs/proc/softirqs.c show_softirqs(): "CPU%-8d" header, "%12s:" + " %10u" rows
-SOFTIRQS = """                    CPU0       CPU1       
-          HI:          0          0
+SOFTIRQS = ("                    CPU0       CPU1       \n"  # trailing blanks as printed
+            """          HI:          0          0
        TIMER:      12283      13190
       NET_TX:          3          0
       NET_RX:       1237       2130
@@ -49,18 +49,18 @@ SOFTIRQS = """                    CPU0       CPU1
        SCHED:      21401      18137
      HRTIMER:          0          0
          RCU:      11408      15333
-"""
+""")
 
 # kernel/irq/proc.c show_interrupts() + arch/x86 arch_show_interrupts()
-INTERRUPTS = """           CPU0       CPU1       
- 24:          1          0  IO-APIC   5-edge      ACPI:Ged
+INTERRUPTS = ("           CPU0       CPU1       \n"
+              """ 24:          1          0  IO-APIC   5-edge      ACPI:Ged
  38:          0       2163 PCI-MSIX-0000:00:03.0   1-edge      virtio2-input.0
  39:       1278          0 PCI-MSIX-0000:00:03.0   2-edge      virtio2-output.0
 NMI:          0          0   Non-maskable interrupts
 LOC:      26223      28933   Local timer interrupts
 ERR:          0
 MIS:          0
-"""
+""")
 
 # net/core/net-procfs.c softnet_seq_show(), 15 columns on 6.4+
 SOFTNET15 = (
@@ -280,7 +280,7 @@ SEEDS = {"stat": STAT, "softirqs": SOFTIRQS, "interrupts": INTERRUPTS, "per_cpu_
          "softnet": SOFTNET15, "schedstat": (SYN / "schedstat_v17.txt").read_text(),
          "loadavg": "0.01 0.06 0.03 1/92 4638\n", "psi": "some avg10=0.02 avg60=0.19 avg300=0.10 total=3\n",
          "pid_stat": PID_STAT, "sysfs_stat": "12\n"}
-ALPHABET = st.sampled_from(list("0123456789abcdefx:,./=()- \n\tCPUcpuNETRX_Xsomefullavgtotalversion١²") + ["\x00"])
+ALPHABET = st.sampled_from([*"0123456789abcdefx:,./=()- \n\tCPUcpuNETRX_Xsomefullavgtotalversion١²", "\x00"])
 
 
 def _mutations() -> st.SearchStrategy[str]:
@@ -353,3 +353,17 @@ def test_stat_round_trip(cpus: list[list[int]]) -> None:
 def test_per_cpu_count_round_trip(vals: list[int]) -> None:
     r = parse_per_cpu_count(",".join(map(str, vals)) + "\n", "/sys/kernel/irq/1/per_cpu_count", 1)
     assert r.counts.tolist() == vals
+
+
+def test_fast_and_strict_paths_agree() -> None:
+    """The numpy fast paths and the line-by-line fallbacks give identical records."""
+    fast = parse_stat(STAT)
+    slow = parse_stat(STAT.replace("cpu1 3735", "cpu1  3735"))      # double space: strict path
+    assert fast.ids == slow.ids and fast.ticks.tolist() == slow.ticks.tolist() and fast.cpus == slow.cpus
+    s_fast = parse_softirqs(SOFTIRQS)
+    s_slow = parse_softirqs(SOFTIRQS.replace("      NET_RX:       1237", "      NET_RX: 1237"))
+    assert s_fast.counts == s_slow.counts and s_fast.cpus == s_slow.cpus
+    v17 = (SYN / "schedstat_v17.txt").read_text()
+    sc_fast = parse_schedstat(v17)
+    sc_slow = parse_schedstat(v17.replace("cpu0 0 0", "cpu0  0 0"))
+    assert sc_fast.cpus == sc_slow.cpus and sc_fast.ids == sc_slow.ids

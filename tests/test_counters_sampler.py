@@ -14,17 +14,10 @@ from polltuned.counters.nicmap import discover_nic
 from polltuned.errors import UsageError
 from polltuned.host.fs import FsHost
 from polltuned.metrics.window import rates
-from tests.fixtures.gen_large_host import NIC, Spec, generate, nic_irqs
+from tests.fixtures.gen_large_host import NIC, Spec, cached_tree, nic_irqs
 
 VM = Path(__file__).parent / "fixtures" / "vm"
 SYN = Path(__file__).parent / "fixtures" / "synthetic"
-
-
-@pytest.fixture(scope="session")
-def large(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    base = tmp_path_factory.mktemp("large")
-    spec = Spec()
-    return generate(base / "s0", spec, interrupts=False), generate(base / "s1", spec, step=1, interrupts=False)
 
 
 def test_registry_is_explicit_and_interrupts_opt_in() -> None:
@@ -60,8 +53,8 @@ def test_vm_fixture_sample_and_rates() -> None:
     assert r.nic is not None and set(r.nic["eth0"].irqs_per_s) == {"rx-0", "tx-0"}
 
 
-def test_large_host_nic_map(large: tuple[Path, Path]) -> None:
-    info = discover_nic(FsHost(large[0]), NIC)
+def test_large_host_nic_map() -> None:
+    info = discover_nic(FsHost(cached_tree(Spec())), NIC)
     assert len(info.irqs) == 64 and info.rx_queues == 64
     assert [q.irq for q in info.irqs] == nic_irqs(Spec())[:-1]
     assert info.irqs[5].queue == "combined-5" and len(info.other_irqs) == 1

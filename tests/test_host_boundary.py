@@ -2,8 +2,9 @@
 
 Scans every module outside ``polltuned/host/`` (AST, not grep, so comments and docstrings do not
 count) for: imports of subprocess / socket / pyroute2 / psutil / fcntl / ctypes, and calls of
-``open``, ``os.open``, ``io.open`` or ``Path``/``PurePath`` whose first argument is a literal (or f-string) starting with /proc, /sys or /dev. The allow-list must
-name the file, the thing and why.
+``open``, ``os.open``, ``io.open`` or ``Path``/``PurePath`` whose first argument is a literal
+(or f-string) starting with /proc, /sys or /dev. The allow-list must name the file, the thing
+and why.
 """
 
 from __future__ import annotations

@@ -14,14 +14,13 @@ from polltuned.counters.softnet import parse_softnet
 from polltuned.counters.stat import parse_stat
 from polltuned.host.fs import FsHost
 from polltuned.metrics.window import MetricUnavailable, delta32, rates
-from tests.fixtures.gen_large_host import NIC, Spec, generate, increments, nic_irqs
+from tests.fixtures.gen_large_host import NIC, Spec, cached_tree, increments, nic_irqs
 
 
 @pytest.fixture(scope="module")
-def large_rates(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    base = tmp_path_factory.mktemp("lr")
-    spec = Spec(seed=3)
-    t0, t1 = generate(base / "a", spec, interrupts=False), generate(base / "b", spec, step=2, interrupts=False)
+def large_rates():  # type: ignore[no-untyped-def]
+    spec = Spec()
+    t0, t1 = cached_tree(spec), cached_tree(spec, step=2)
     clock = FakeClock()
     a = Sampler(FsHost(t0), clock=clock).sample()
     clock.advance(2.0)
@@ -127,3 +126,19 @@ def test_vm_fixture_busy_cores_matches_stat(tmp_path: Path) -> None:
         total = sum(getattr(sb.cpus[c], f) - getattr(sa.cpus[c], f)
                     for f in ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"))
         assert r.cpu[c].system == pytest.approx((sb.cpus[c].system - sa.cpus[c].system) / total)
+
+
+def test_to_json_matches_cpu_objects_and_nan_is_none() -> None:
+    vm = Path(__file__).parent / "fixtures" / "vm"
+    clock = FakeClock()
+    a = Sampler(FsHost(vm / "snap1"), clock=clock).sample()
+    clock.advance(1)
+    b = Sampler(FsHost(vm / "snap2"), clock=clock).sample()
+    r = rates(a, b)
+    js = r.to_json()
+    assert set(js["cpu"]) == {"0", "1"}
+    for c in r.cpu:
+        assert js["cpu"][str(c)] == r.cpu[c].to_json()
+    assert js["cpu"]["1"]["runq_wait_s_per_s"] is None and js["cpu"]["1"]["net_rx_per_s"] == 1000.0
+    ids, vals = r.cpu_column("net_rx_per_s")
+    assert ids == [0, 1] and vals[1] == 1000.0

@@ -121,7 +121,7 @@ class CpuRates:
     time_squeeze_per_s: float | None = None
 
     def to_json(self) -> dict[str, float | None]:
-        return asdict(self)
+        return {f: getattr(self, f) for f in CPU_COLUMNS}
 
 
 CPU_COLUMNS = tuple(f.name for f in fields(CpuRates))
@@ -156,6 +156,12 @@ class CpuTable(Mapping[int, CpuRates]):
 
     def __contains__(self, cpu: object) -> bool:
         return cpu in self._index
+
+    def to_json(self) -> dict[str, dict[str, float | None]]:
+        """{"cpu id": {column: value or None}} straight from the columns (no CpuRates objects)."""
+        names = list(self.columns)
+        lists = [[None if v != v else v for v in self.columns[n].tolist()] for n in names]  # NaN -> None
+        return {str(c): dict(zip(names, vals)) for c, vals in zip(self.ids.tolist(), zip(*lists))}
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,8 @@ class Rates:
     def to_json(self) -> dict[str, object]:
         return {
             "interval_s": self.interval_s,
-            "cpu": {str(c): self.cpu[c].to_json() for c in sorted(self.cpu)},
+            "cpu": (self.cpu.to_json() if isinstance(self.cpu, CpuTable)
+                    else {str(c): self.cpu[c].to_json() for c in sorted(self.cpu)}),
             "nic": None if self.nic is None else {n: r.to_json() for n, r in sorted(self.nic.items())},
             "system": self.system.to_json(),
             "procs_cpu_cores": self.procs_cpu_cores,
@@ -289,7 +296,9 @@ def _common(ids_a: Sequence[int], ids_b: Sequence[int]) -> tuple[I64, I64, I64]:
 _Part = tuple["I64", dict[str, "F64"]]
 
 
-def _cpu_parts(a: Snapshot, b: Snapshot, dt: float, un: dict[str, str]) -> tuple[I64 | None, list[_Part]]:
+def _cpu_parts(a: Snapshot, b: Snapshot, dt: float, un: dict[str, str],
+               irq_rates: dict[int, float | None]) -> tuple[I64 | None, list[_Part]]:
+    """Per-CPU results of every family; fills ``irq_rates`` (IRQ -> IRQs/s over all CPUs)."""
     import numpy as np
 
     parts: list[_Part] = []
@@ -349,7 +358,10 @@ def _cpu_parts(a: Snapshot, b: Snapshot, dt: float, un: dict[str, str]) -> tuple
         for irq in ka.keys() & kb.keys():
             ca, cb = ka[irq].counts, kb[irq].counts
             n = min(len(ca), len(cb))
-            acc[:n] += _d32(ca[:n], cb[:n])
+            d = _d32(ca[:n], cb[:n])
+            acc[:n] += d
+            tot = float(d.sum())
+            irq_rates[irq] = None if math.isnan(tot) else tot / dt
         parts.append((np.arange(width, dtype=np.int64), {"irqs_per_s": acc / dt}))
     else:
         _unavail(a, b, "irq_percpu", un)
@@ -401,18 +413,9 @@ def rates(a: Snapshot, b: Snapshot) -> Rates:
     if not (dt > 0 and math.isfinite(dt)):
         raise MetricUnavailable(f"snapshots are not in time order (interval {dt!r} s)")
     un: dict[str, str] = {}
-    online, parts = _cpu_parts(a, b, dt, un)
-    table = _cpu_table(online, parts)
-
-    # queue IRQ rates (per IRQ, all CPUs) for the NIC rows
     nic_irq_rate: dict[int, float | None] = {}
-    ka, kb = a.irq_percpu, b.irq_percpu
-    if ka is not None and kb is not None:
-        for irq in ka.keys() & kb.keys():
-            ca, cb = ka[irq].counts, kb[irq].counts
-            n = min(len(ca), len(cb))
-            tot = float(_d32(ca[:n], cb[:n]).sum())
-            nic_irq_rate[irq] = None if math.isnan(tot) else tot / dt
+    online, parts = _cpu_parts(a, b, dt, un, nic_irq_rate)
+    table = _cpu_table(online, parts)
 
     # links + queue IRQs -> NicRates
     nic: dict[str, NicRates] | None = None
