@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from polltuned.clock import Clock
-from polltuned.errors import HostError, KnobUnsupported, PermissionNeeded, PolltunedError
+from polltuned.errors import HostError, KnobUnsupported, ParseError, PermissionNeeded, PolltunedError
 from polltuned.host.fs import Host
 from polltuned.journal import COMPACT_BYTES, Journal, JournalState, KnobHistory
 from polltuned.knobs.base import JsonValue, Knob, KnobGone
@@ -300,6 +300,9 @@ class Actuator:
         except KnobGone as e:
             self.journal.append("gone", key=key, detail=e.message)
             return RollbackItem(key, "gone", None, e.message)
+        except ParseError as e:  # unreadable live value: nobody chose it; put the baseline back
+            log.warning("%s: live value unreadable (%s); restoring the baseline", key, e.message)
+            return None
         except PolltunedError as e:
             return RollbackItem(key, "failed", None, e.message)
         if h.settled and not _same(live, h.last_value):
@@ -312,7 +315,11 @@ class Actuator:
         key = h.key
         try:
             k = self.knob(key)
-            if k.matches(h.baseline_state):
+            try:
+                already = k.matches(h.baseline_state)
+            except ParseError:
+                already = False
+            if already:
                 self.journal.append("restored", key=key, value=h.baseline_value)
                 return RollbackItem(key, "already", h.baseline_value)
             k.restore(h.baseline_state)

@@ -75,7 +75,10 @@ def set_coalesce(host: Host, netns: str | None, dev: str, values: Mapping[str, i
     if not host.is_real:
         cur = get_coalesce(host, netns, dev)
         cur.update(values)
-        host.write_text(f"/ethtool/{netns or '-'}/{dev}/coalesce", "".join(f"{k} {v}\n" for k, v in cur.items()))
+        target = host.path(f"/ethtool/{netns or '-'}/{dev}/coalesce")
+        tmp = target.with_name(".coalesce.tmp")  # atomic, like the kernel's SCOALESCE
+        tmp.write_text("".join(f"{k} {v}\n" for k, v in cur.items()))
+        os.replace(tmp, target)
         return
     try:
         from pyroute2 import Ethtool

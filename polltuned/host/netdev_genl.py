@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from polltuned.errors import HostError
+from polltuned.errors import HostError, ParseError
 from polltuned.host.fs import Host
 
 CMD_QUEUE_GET = 10
@@ -276,8 +276,14 @@ class FileNetdev:
         d = self._dir(ifindex)
         out = []
         for nid in self.host.glob(d, "*"):
-            vals = {a: int(self.host.read_text(f"{d}/{nid}/{a}")) for a in self.host.glob(f"{d}/{nid}", "*")
-                    if a in NAPI_ATTR_IDS}
+            vals: dict[str, int] = {}
+            for a in self.host.glob(f"{d}/{nid}", "*"):
+                if a in NAPI_ATTR_IDS:
+                    text = self.host.read_text(f"{d}/{nid}/{a}").strip()
+                    try:
+                        vals[a] = int(text)
+                    except ValueError:
+                        raise ParseError(f"{d}/{nid}/{a}", 1, f"expected an integer, got {text[:40]!r}") from None
             out.append(NapiInfo(int(nid), ifindex, None, None, vals))
         return sorted(out, key=lambda n: n.id)
 
@@ -291,7 +297,10 @@ class FileNetdev:
                     if not lo <= v <= hi:
                         raise HostError(f"napi-set id {napi_id}: {os.strerror(errno_mod.ERANGE)}",
                                         errno=errno_mod.ERANGE)
-                for name, v in values.items():
-                    self.host.write_text(f"{d}/{name}", f"{v}\n")
+                for name, v in values.items():  # atomic per attribute, like the kernel's napi-set
+                    target = self.host.path(f"{d}/{name}")
+                    tmp = target.with_name(f".{name}.tmp")
+                    tmp.write_text(f"{v}\n")
+                    os.replace(tmp, target)
                 return
         raise HostError(f"napi-set id {napi_id}: {os.strerror(errno_mod.ENOENT)}", errno=errno_mod.ENOENT)
