@@ -75,7 +75,8 @@ def parse_study(text: str, source: str = "<study>") -> list[SessionLog]:
                 break  # torn tail from a crash mid-append
             raise JournalError(f"{source}:{n}: not valid JSON ({e.msg})") from None
         if not isinstance(rec, dict) or rec.get("v") != STUDY_VERSION:
-            raise JournalError(f"{source}:{n}: unknown study record version {rec.get('v') if isinstance(rec, dict) else rec!r}")
+            got = rec.get("v") if isinstance(rec, dict) else rec
+            raise JournalError(f"{source}:{n}: unknown study record version {got!r}")
         kind = rec.get("kind")
         sid = str(rec.get("session"))
         if kind == "session":

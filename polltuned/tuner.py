@@ -169,12 +169,12 @@ class Tuner:
 
         # ---- replay an unfinished session, or warm-start from finished ones
         if resumed is not None:
-            for w in resumed.windows:
-                if w.phase == "baseline" and w.status == "ok" and w.y is not None:
-                    base_values.append(w.y)  # stored as J for baseline windows, see below
-                if w.phase in ("baseline", "trial"):
+            for wr in resumed.windows:
+                if wr.phase == "baseline" and wr.status == "ok" and wr.y is not None:
+                    base_values.append(wr.y)  # stored as J for baseline windows, see below
+                if wr.phase in ("baseline", "trial"):
                     windows_used += 1
-                trial_no = max(trial_no, w.trial + 1)
+                trial_no = max(trial_no, wr.trial + 1)
             yield Event("BASELINE", f"resuming session {session}: {windows_used} windows already measured")
         elif pol.tuning.warm_start:
             prior = self.store.prior_observations()
@@ -211,11 +211,11 @@ class Tuner:
         j_ref = math.exp(sum(math.log(v) for v in base_values) / len(base_values))
         if resumed is not None:
             # replay every told window relative to the same reference
-            for w in resumed.windows:
-                if w.status in ("ok", "aborted") and w.y is not None and w.phase == "trial":
-                    opt.tell(w.config, w.y)
-                elif w.status == "failed" and w.phase == "trial":
-                    opt.tell_failed(w.config)
+            for wr in resumed.windows:
+                if wr.status in ("ok", "aborted") and wr.y is not None and wr.phase == "trial":
+                    opt.tell(wr.config, wr.y)
+                elif wr.status == "failed" and wr.phase == "trial":
+                    opt.tell_failed(wr.config)
         for v in base_values:
             opt.tell(baseline, math.log(v / j_ref))
         self._j_ref = j_ref
@@ -376,6 +376,18 @@ class Tuner:
             yield Event("DONE", self._result_reason())
             return
         cand = {**baseline, **rec.config}
+        simplify = getattr(opt, "simplify", None)
+        if callable(simplify):
+            simple = {**baseline, **simplify(rec.config)}
+            if simple != cand:
+                yield Event("CONFIRM", "simplified the candidate to " + _fmt(simple, baseline))
+                cand = simple
+            if self.space.key_of(cand) == self._base_key:
+                self._safe_apply(baseline)
+                self._finish(baseline, j_ref, trials, None,
+                             "the model finds no change worth making; baseline kept", guard_events, windows_used)
+                yield Event("DONE", self._result_reason())
+                return
         yield from self._confirm(cand, baseline, j_ref, trials, guard_events, windows_used, base_drops)
 
     # ------------------------------------------------------------------ confirmation
@@ -388,6 +400,7 @@ class Tuner:
         idx = windows_used
         pairs = pol.confirm.pairs
         extended = False
+        alpha = pol.confirm.alpha / 2
         broke: str | None = None
         p = 0
         while p < pairs and broke is None:
@@ -416,13 +429,13 @@ class Tuner:
                 (a if arm == "A" else b).append(s.value)
             p += 1
             if p == pairs and not extended and broke is None and len(a) >= 2 and len(b) >= 2:
-                v = confirm_verdict(a, b, alpha=pol.confirm.alpha, min_effect=pol.confirm.min_effect)
-                # inconclusive but promising: double the pairs once (power, not a second look at alpha:
-                # the interim result never deploys)
+                v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
+                # inconclusive but promising: double the pairs once. Two looks, each at alpha/2
+                # (Bonferroni), so the chance of deploying a non-improvement stays <= alpha.
                 if not v.deploy and v.gain > 0 and v.p_value < 0.3:
                     pairs *= 2
                     extended = True
-        verdict = confirm_verdict(a, b, alpha=pol.confirm.alpha, min_effect=pol.confirm.min_effect)
+        verdict = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
         if broke is not None:
             verdict = Verdict(verdict.baseline_samples, verdict.candidate_samples, verdict.gain, verdict.ci_low,
                               verdict.ci_high, verdict.p_value, verdict.significant, False, broke)

@@ -17,6 +17,7 @@ from polltuned.errors import ExitCode, PolltunedError
 
 #: subcommand -> module implementing it
 COMMANDS: dict[str, str] = {
+    "sim": "polltuned.cli.sim",
     "check": "polltuned.cli.check",
     "apply": "polltuned.cli.apply",
     "rollback": "polltuned.cli.rollback",

@@ -11,7 +11,7 @@ What it does, in order of proposals:
    with one length scale per column, plus a white-noise term: ``noise="gaussian"``) is fitted on
    every told window (repeats are separate observations, so the GP sees the noise). Candidates
    come from a TuRBO-like trust region around the incumbent (side grows x2 after 2 successes,
-   halves after 4 failures) plus 10 % global samples and any untried seed; a safety filter drops
+   halves after 4 failures) plus 5 % global samples and any untried seed; a safety filter drops
    candidates whose upper confidence bound exceeds the guard limit; the pick maximises expected
    improvement over the best *posterior mean* of an evaluated point (noisy EI, not the luckiest
    window).
@@ -52,9 +52,9 @@ class SkoptOptimiser:
         self._cpu = CpuMeter()
         self.length = 0.2
         self.rec_kappa = 1.0
-        self.safety_kappa = 1.5
+        self.safety_kappa = 2.0
         self.endgame_windows = 4
-        self.max_length = 0.5
+        self.max_length = 0.4
         self.min_gain = 0.025     # log units: an improvement worth exploring for (~2.5 %)
         self.exploit_cap = 8      # re-measure a configuration at most this often
         self._succ = 0
@@ -62,11 +62,13 @@ class SkoptOptimiser:
         self._last_key: str | None = None
         self._model: Any = None
         self._model_n = -1
-        self._fit_keys: list[str] = []
+        self._bad: list[np.ndarray] = []   # encoded configs that broke the guard limit
+        self.bad_radius = 0.15
+        self._ceiling: dict[int, float] = {}
         seeds = space.seed_configs(self.baseline)
         self._seeds = seeds
         self._pending: list[dict[str, KnobValue]] = list(seeds)
-        self._pending += self._fill_design(max(2, initial_points - len(seeds)))
+        self._pending += self._fill_design(max(0, initial_points - len(seeds)))
 
     # ------------------------------------------------------------------ protocol
     def ask(self, remaining: int | None = None) -> dict[str, KnobValue]:
@@ -78,9 +80,9 @@ class SkoptOptimiser:
             if len(self.hist.entries) < 3:
                 return self._tr_samples(self.space.encode(self.baseline), 1, 0.5)[0]
             if remaining is not None and remaining <= self.endgame_windows:
-                c = self._exploit()
-                if c is not None:
-                    return c
+                ex = self._exploit()
+                if ex is not None:
+                    return ex
             return self._acquire()
 
     def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
@@ -88,6 +90,9 @@ class SkoptOptimiser:
             k = self.space.key_of(config)
             prev_best = self._best_mean()
             self.hist.add(config, y)
+            if self.safety_limit is not None and y >= self.safety_limit:
+                self._bad.append(self.space.encode(config))
+                self._learn_ceiling(config)
             if k != self._last_key and prev_best is not None and k != self.space.key_of(self.baseline):
                 if y < prev_best - 0.01:
                     self._succ += 1
@@ -145,24 +150,11 @@ class SkoptOptimiser:
         return min(float(np.mean(e.ys)) for e in self.hist.entries.values())
 
     def _fill_design(self, n: int) -> list[dict[str, KnobValue]]:
+        """A few random points in a small trust region around the baseline (not a maximin
+        design: maximin picks extremes, and extremes are where a live host gets hurt)."""
         if n <= 0:
             return []
-        c0 = self.space.encode(self.baseline)
-        pool = self._tr_samples(c0, 64, 0.5)
-        chosen: list[dict[str, KnobValue]] = []
-        pts = [c0]
-        for _ in range(n):
-            best, bestd = None, -1.0
-            for c in pool:
-                u = self.space.encode(c)
-                d = min(float(np.linalg.norm(u - p)) for p in pts)
-                if d > bestd:
-                    best, bestd = c, d
-            if best is None:
-                break
-            chosen.append(best)
-            pts.append(self.space.encode(best))
-        return chosen
+        return self._tr_samples(self.space.encode(self.baseline), n, self.length)
 
     def _tr_samples(self, center: np.ndarray, n: int, length: float) -> list[dict[str, KnobValue]]:
         """Perturb ``center`` (encoded): each knob changes with probability 1/2 (at least one)."""
@@ -185,10 +177,13 @@ class SkoptOptimiser:
                     if self.rng.random() < p_flip:
                         on = not on
                         if on:
+                            # switched on: at a seed, or near it (mid-range without seeds)
+                            ctr = (d.to_unit(float(d.seeds[int(self.rng.integers(len(d.seeds)))]))
+                                   if d.seeds else 0.5)
                             if d.seeds and self.rng.random() < 0.5:
-                                u[o + 1] = d.to_unit(float(d.seeds[int(self.rng.integers(len(d.seeds)))]))
+                                u[o + 1] = ctr
                             else:
-                                u[o + 1] = self.rng.random()
+                                u[o + 1] = np.clip(ctr + 2 * length * (self.rng.random() - 0.5), 0.0, 1.0)
                     elif on:
                         u[o + 1] = np.clip(u[o + 1] + length * (self.rng.random() - 0.5), 0.0, 1.0)
                     u[o] = 1.0 if on else 0.0
@@ -236,7 +231,7 @@ class SkoptOptimiser:
         model = self._fit()
         inc = self.best_inside()
         center = self.space.encode(inc)
-        n_tr = int(self.n_candidates * 0.9)
+        n_tr = int(self.n_candidates * 0.95)
         cands = self._tr_samples(center, n_tr, self.length)
         cands += self.space.sample_uniform(self.rng, self.n_candidates - n_tr)
         cands += [s for s in self._seeds if self.hist.seen(s) == 0]
@@ -249,10 +244,19 @@ class SkoptOptimiser:
             if e is not None and len(e.ys) >= 3:
                 continue
             uniq[k] = c
-        if not uniq:
-            return self.space.sample_uniform(self.rng, 1)[0]
         pool = list(uniq.values())
-        X = np.array([self.space.encode(c) for c in pool])
+        X = np.array([self.space.encode(c) for c in pool]) if pool else np.zeros((0, self.space.width))
+        if self._bad and len(pool):
+            # hard memory of harm: never propose anything close to a configuration that already
+            # broke the guard limit (a GP smooths a cliff away; this does not)
+            B = np.array(self._bad)
+            dmin = np.min(np.linalg.norm(X[:, None, :] - B[None, :, :], axis=2), axis=1)
+            keep = (dmin >= self.bad_radius) & np.array([self._under_ceiling(x) for x in X])
+            pool = [c for c, kp in zip(pool, keep) if kp]
+            X = X[keep]
+        if not pool:
+            ex = self._exploit()
+            return ex if ex is not None else dict(self.baseline)
         mu, sd = model.predict(X, return_std=True)
         sd = np.maximum(sd, 1e-9)
         obs_X = np.array([self.space.encode(e.config) for e in self.hist.entries.values()])
@@ -263,10 +267,7 @@ class SkoptOptimiser:
         if self.safety_limit is not None and len(self.hist.order) >= 6:
             ucb = mu + self.safety_kappa * sd
             safe = ucb < self.safety_limit
-            if safe.any():
-                ei = np.where(safe, ei, -np.inf)
-            else:
-                ei = -ucb
+            ei = np.where(safe, ei, -np.inf) if safe.any() else -ucb
         i = int(np.argmax(ei))
         # probability that the best candidate beats the incumbent by a worthwhile margin; when it
         # is small, nothing nearby is worth the exploration cost on a live host: re-measure the
@@ -275,10 +276,64 @@ class SkoptOptimiser:
         if self.safety_limit is not None and len(self.hist.order) >= 6:
             pi = np.where(mu + self.safety_kappa * sd < self.safety_limit, pi, 0.0)
         if float(np.max(pi)) < 0.05:
-            c = self._exploit()
-            if c is not None:
-                return c
+            ex = self._exploit()
+            if ex is not None:
+                return ex
         return pool[i]
+
+    def _learn_ceiling(self, config: Mapping[str, KnobValue]) -> None:
+        """Harm at a value no known-good trial ever reached: cap that knob halfway between the
+        highest known-good value and the harmful one (cliffs sit at the top of polling knobs:
+        busy_read 200 on a shared vCPU, gro_flush_timeout with deferral). Conservative on purpose:
+        a wrongly blamed knob only loses the part of its range nobody has shown to be safe."""
+        u = self.space.encode(config)
+        good = [self.space.encode(e.config) for e in self.hist.entries.values()
+                if float(np.mean(e.ys)) < (self.safety_limit or 0.0) / 2]
+        for d in self.space.dims:
+            if d.kind == "cat":
+                continue
+            on_col = d.offset if d.kind == "switch" else None
+            col = d.offset + (1 if d.kind == "switch" else 0)
+            if on_col is not None and u[on_col] < 0.5:
+                continue
+            vals = [g[col] for g in good if on_col is None or g[on_col] >= 0.5]
+            top = max(vals) if vals else 0.0
+            if u[col] > top:
+                cap = (u[col] + top) / 2
+                self._ceiling[col] = min(self._ceiling.get(col, 1.0), cap)
+
+    def _under_ceiling(self, u: np.ndarray) -> bool:
+        return all(u[c] <= cap for c, cap in self._ceiling.items())
+
+    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
+        """Put back, one at a time, every knob whose change the model says does not matter
+        (posterior mean within ``tol`` of the recommendation's). Fewer changed knobs: less risk on
+        the host and a clearer report. The result is re-measured by the confirmation anyway."""
+        if len(self.hist.entries) < 3:
+            return dict(config)
+        tol = 0.01
+        with self._cpu, _one_blas_thread():
+            model = self._fit()
+            cur = self.space.canonical(config)
+            cur_mu = float(model.predict(self.space.encode(cur)[None, :])[0])
+            limit = cur_mu + tol
+            changed = True
+            while changed:
+                changed = False
+                trials = []
+                for k in self.space.keys:
+                    if cur.get(k) != self.baseline.get(k):
+                        c = self.space.canonical({**cur, k: self.baseline[k]})
+                        trials.append(c)
+                if not trials:
+                    break
+                X = np.array([self.space.encode(c) for c in trials])
+                mu = model.predict(X)
+                j = int(np.argmin(mu))
+                if float(mu[j]) <= limit:
+                    cur = trials[j]
+                    changed = True
+        return cur
 
     def best_inside(self) -> dict[str, KnobValue]:
         r = self.best()

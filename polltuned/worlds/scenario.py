@@ -25,7 +25,9 @@ A scenario is a plain Python file defining two functions::
 * All randomness must come from ``rng`` (runs with a seed reproduce exactly).
 * Instead of module-level functions a file may define ``create() -> object`` returning an object
   with ``measure``/``expected`` methods (for scenarios that load data, e.g. the replay scenario).
-* An optional module docstring is shown by ``polltuned sim --list``.
+* An optional module docstring is shown by ``polltuned sim --list``; ``NONSTATIONARY = True``
+  marks a scenario whose world changes with ``window`` (the benchmark then does not compare
+  exploration cost, which it measures against the final world).
 
 Shipped scenarios live in ``polltuned/worlds/scenarios/`` and are found by name (``busypoll_split``).
 """
@@ -83,6 +85,7 @@ class Scenario:
     _measure: Callable[..., Any]
     _expected: Callable[..., Any]
     takes_window: bool
+    nonstationary: bool = False
 
     def measure(self, config: Mapping[str, KnobValue], rng: np.random.Generator, window: int = 0) -> Measurement:
         cfg = dict(config)
@@ -141,7 +144,8 @@ def load_scenario(name_or_path: str) -> Scenario:
         takes_window = "window" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
     except (TypeError, ValueError):
         takes_window = False
-    return Scenario(path.stem, path, (mod.__doc__ or "").strip(), m, x, takes_window)
+    return Scenario(path.stem, path, (mod.__doc__ or "").strip(), m, x, takes_window,
+                    bool(getattr(mod, "NONSTATIONARY", False)))
 
 
 def to_window(m: Measurement, duration_s: float) -> Window:
@@ -163,3 +167,107 @@ def noisy(rng: np.random.Generator, value: float, cv: float, outlier_p: float = 
     if rng.random() < outlier_p:
         v *= outlier_x
     return v
+
+
+# ---------------------------------------------------------------- replay of recorded windows
+class ReplayScenario:
+    """Windows recorded on a real host (``polltuned bench --record FILE``: JSON lines
+    ``{"v": 1, "workload": str, "config": {knob: value}, "window": Window.to_json()}``) served back
+    by resampling the records of the nearest recorded configuration.
+
+    Distance between configurations: per knob, |log1p(a) - log1p(b)| for numbers (so 0 vs 50 is
+    far and 50 vs 60 is near) and 3 for differing categories; knobs are matched by their name after
+    ``DEV:`` so recordings from another device name still apply. ``expected`` is the median p99 and
+    mean CPU of the nearest configuration's records.
+    """
+
+    def __init__(self, records: list[tuple[dict[str, KnobValue], Measurement]], workload: str | None = None) -> None:
+        if not records:
+            raise UsageError("replay: no usable records (need ok windows with p99 and cpu_cores)")
+        self.records = records
+        self.workload = workload
+        groups: dict[str, list[Measurement]] = {}
+        configs: dict[str, dict[str, KnobValue]] = {}
+        for cfg, m in records:
+            k = repr(sorted((_suffix(a), str(b)) for a, b in cfg.items()))
+            groups.setdefault(k, []).append(m)
+            configs[k] = {_suffix(a): b for a, b in cfg.items()}
+        self._keys = list(groups)
+        self._groups = [groups[k] for k in self._keys]
+        self._configs = [configs[k] for k in self._keys]
+
+    @staticmethod
+    def from_file(path: str | Path, workload: str | None = None) -> ReplayScenario:
+        import json
+
+        recs: list[tuple[dict[str, KnobValue], Measurement]] = []
+        p = Path(path)
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise UsageError(f"replay: cannot read {p}: {e.strerror}") from e
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(lines):
+                    break  # torn tail
+                raise UsageError(f"replay: {p}:{n}: not valid JSON") from None
+            if d.get("v") != 1:
+                raise UsageError(f"replay: {p}:{n}: unknown record version {d.get('v')!r}")
+            if workload is not None and d.get("workload") != workload:
+                continue
+            w = Window.from_json(d.get("window") or {})
+            p99 = w.stat("p99")
+            if not w.ok or p99 is None or w.cpu_cores is None:
+                continue
+            m: Measurement = {"p99_us": p99, "cpu_cores": w.cpu_cores}
+            for stat, key in (("p50", "p50_us"), ("p999", "p999_us"), ("mean", "mean_us")):
+                v = w.stat(stat)
+                if v is not None:
+                    m[key] = v
+            if w.throughput_pps is not None:
+                m["throughput_pps"] = w.throughput_pps
+            if w.drops_per_s is not None:
+                m["drops_per_s"] = w.drops_per_s
+            recs.append(({str(k): v for k, v in (d.get("config") or {}).items()}, m))
+        return ReplayScenario(recs, workload)
+
+    def _nearest(self, config: Mapping[str, KnobValue]) -> int:
+        c = {_suffix(k): v for k, v in config.items()}
+        best, best_d = 0, math.inf
+        for i, rc in enumerate(self._configs):
+            d = 0.0
+            for k, v in rc.items():
+                if k not in c:
+                    continue
+                d += _dist(v, c[k])
+            if d < best_d:
+                best, best_d = i, d
+        return best
+
+    def measure(self, config: dict[str, KnobValue], rng: np.random.Generator, window: int = 0) -> Measurement:
+        g = self._groups[self._nearest(config)]
+        return dict(g[int(rng.integers(len(g)))])
+
+    def expected(self, config: dict[str, KnobValue]) -> Measurement:
+        g = self._groups[self._nearest(config)]
+        out: Measurement = {"p99_us": float(np.median([m["p99_us"] for m in g])),
+                            "cpu_cores": float(np.mean([m["cpu_cores"] for m in g]))}
+        return out
+
+
+def _suffix(key: str) -> str:
+    if key.startswith("module:") or ":" not in key:
+        return key
+    return key.split(":", 1)[1]
+
+
+def _dist(a: KnobValue, b: KnobValue) -> float:
+    try:
+        fa, fb = float(a), float(b)
+    except (TypeError, ValueError):
+        return 0.0 if str(a) == str(b) else 3.0
+    return abs(math.log1p(max(fa, 0.0)) - math.log1p(max(fb, 0.0)))

@@ -14,6 +14,7 @@ import numpy as np
 from polltuned.worlds.scenario import knob, noisy
 
 SHIFT_AT = 16
+NONSTATIONARY = True
 
 
 def _before(config: dict[str, Any]) -> tuple[float, float]:
