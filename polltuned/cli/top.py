@@ -73,9 +73,13 @@ def render_text(r: Rates, snap: Snapshot) -> str:
     return "\n".join(out)
 
 
-def to_json(r: Rates, snap: Snapshot) -> dict[str, object]:
+def to_json(r: Rates, a: Snapshot, b: Snapshot) -> dict[str, object]:
+    """Rates.to_json() plus the NIC queue->IRQ map and the two snapshots' CLOCK_MONOTONIC times
+    (midpoints of their reads; ``read_s``: how long each sample's reads took)."""
     d = r.to_json()
-    d["nic_map"] = {n: info.to_json() for n, info in sorted(snap.nics.items())}
+    d["nic_map"] = {n: info.to_json() for n, info in sorted(b.nics.items())}
+    d["t_start"], d["t_end"] = a.t, b.t
+    d["read_s"] = [a.read_s, b.read_s]
     return d
 
 
@@ -88,7 +92,7 @@ def loop(sampler: Sampler, clock: Clock, *, interval: float, count: int, as_json
         b = sampler.sample()
         r = rates(a, b)
         if as_json:
-            out.write(json.dumps(to_json(r, b), sort_keys=True) + "\n")
+            out.write(json.dumps(to_json(r, a, b), sort_keys=True) + "\n")
         else:
             if clear:
                 out.write("\x1b[H\x1b[2J")

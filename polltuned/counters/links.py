@@ -68,6 +68,7 @@ class _SysfsLinks:
 class _NetlinkLinks:
     def __init__(self, names: list[str]) -> None:
         self._nl = NetlinkLinkStats(names)
+        self._nl.open()
 
     def read(self) -> Mapping[str, LinkStats]:
         return {n: LinkStats(*(s[f] for f in FIELDS)) for n, s in self._nl.read().items()}

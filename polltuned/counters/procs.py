@@ -21,7 +21,7 @@ from polltuned.counters.base import Absent, Reader, SampleContext
 from polltuned.counters.stat import USER_HZ
 from polltuned.errors import HostError, ParseError
 from polltuned.host.fs import Host
-from polltuned.host.procs import cpu_times
+from polltuned.host.procs import cpu_times, warm_up
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ def parse_pid_stat(text: str, path: str) -> ProcTimes:
 class _PsutilProcs:
     def __init__(self, pids: Callable[[], Iterable[int]]) -> None:
         self._pids = pids
+        warm_up()
 
     def read(self) -> Mapping[int, ProcTimes]:
         return {pid: ProcTimes(pid, u, s, c) for pid, (u, s, c) in cpu_times(self._pids()).items()}

@@ -180,6 +180,8 @@ class Sampler:
         if self._started:
             return
         self._started = True
+        import numpy  # noqa: F401  (the parsers' fast paths; imported here, outside the timed reads)
+
         devs = self._nic_arg if self._nic_arg is not None else list_links(self._host)
         for dev in devs:
             try:

@@ -26,6 +26,13 @@ class NetlinkLinkStats:
         self._ipr: Any = None
         self._index: dict[str, int] = {}
 
+    def open(self) -> None:
+        """Open the socket now (imports pyroute2), so the first sample is not slowed by it."""
+        try:
+            self._open()
+        except OSError as e:
+            raise HostError(f"cannot open rtnetlink socket: {e}", errno=e.errno) from e
+
     def _open(self) -> Any:
         if self._ipr is None:
             from pyroute2 import IPRoute
