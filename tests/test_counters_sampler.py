@@ -125,7 +125,7 @@ def test_unknown_family_and_unknown_nic() -> None:
     with pytest.raises(UsageError, match="unknown counter family 'nope'"):
         Sampler(FsHost(VM / "snap1"), clock=FakeClock(), families=["stat", "nope"])
     s = Sampler(FsHost(VM / "snap1"), clock=FakeClock(), nic="eth9")
-    with pytest.raises(Exception, match="no such network interface: eth9"):
+    with pytest.raises(UsageError, match="no such network interface: eth9"):
         s.sample()
 
 
@@ -139,3 +139,31 @@ def test_opt_in_interrupts_on_vm_fixture() -> None:
     assert a.interrupts is not None and "38" in a.interrupts.rows
     assert all(c.all_irqs_per_s is not None and c.all_irqs_per_s >= 0 for c in r.cpu.values())
     assert "softirqs" not in r.unavailable       # not requested -> not reported as unavailable
+
+
+@pytest.mark.parametrize("rel,family,text,needle", [
+    ("proc/stat", "stat", "cpu  1 2 3 4\ncpu0 1 2 x 4\n", "/proc/stat:2"),
+    ("proc/net/softnet_stat", "softnet", "0000001\n", "/proc/net/softnet_stat:1"),
+    ("proc/loadavg", "loadavg", "0.1 0.2\n", "/proc/loadavg:1"),
+    ("proc/pressure/cpu", "pressure", "some avg10=x avg60=0 avg300=0 total=1\n", "/proc/pressure/cpu:1"),
+    ("sys/kernel/irq/38/per_cpu_count", "irq_percpu", "0,21x3\n", "/sys/kernel/irq/38/per_cpu_count:1"),
+    ("proc/schedstat", "schedstat", "version 17\ncpu0 1 2\n", "/proc/schedstat:2"),
+    ("sys/devices/pci0000:00/0000:00:03.0/virtio2/net/eth0/statistics/rx_packets", "links", "-5\n",
+     "rx_packets:1"),
+])
+def test_each_family_degrades_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture, rel: str, family: str,
+                                    text: str, needle: str) -> None:
+    tree = _break(VM / "snap1", rel, text, tmp_path)
+    clock = FakeClock()
+    s = Sampler(FsHost(tree), clock=clock, pids=lambda: [1])
+    with caplog.at_level(logging.WARNING, logger="polltuned.counters"):
+        a = s.sample()
+        clock.advance(1)
+        b = s.sample()
+    assert family not in a.families and family not in b.families
+    assert needle in b.unavailable[family]
+    assert len([r for r in caplog.records if family in r.getMessage()]) == 1
+    others = {"stat", "softirqs", "irq_percpu", "loadavg", "softnet", "pressure", "links", "procs"} - {family}
+    assert others <= set(b.families)
+    r = rates(a, b)
+    assert family in r.unavailable

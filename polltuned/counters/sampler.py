@@ -188,7 +188,8 @@ class Sampler:
                 self._nics[dev] = discover_nic(self._host, dev)
             except PolltunedError as e:
                 if self._nic_arg is not None:
-                    raise
+                    raise UsageError(f"nic {dev!r}: {e.message}",
+                                     hint="list interfaces with `ip -br link`") from e
                 self._log.warning("interface %s skipped: %s", dev, e.message)
         ctx = SampleContext(nic_map=MappingProxyType(self._nics), pids=self._pids)
         for name, col in self._collectors.items():
