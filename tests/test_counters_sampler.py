@@ -167,3 +167,18 @@ def test_each_family_degrades_alone(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert others <= set(b.families)
     r = rates(a, b)
     assert family in r.unavailable
+
+
+def test_napi_irq_makes_an_unnamed_vector_a_queue_irq() -> None:
+    host = FsHost(VM / "snap1")
+    seen: list[int] = []
+
+    def napis(ifindex: int) -> list[tuple[int, int | None]]:
+        seen.append(ifindex)
+        return [(257, 37), (258, None), (259, 38)]   # 37 is "virtio2-config" by name
+
+    info = discover_nic(host, "eth0", napis=napis)
+    assert seen == [4]                                 # ifindex read from the tree
+    assert [(q.irq, q.queue) for q in info.irqs] == [(37, "napi-257"), (38, "rx-0"), (39, "tx-0")]
+    assert info.other_irqs == () and info.source == "msi_irqs+napi"
+    assert discover_nic(host, "eth0").source == "msi_irqs"   # fake tree: no netlink by default

@@ -11,8 +11,9 @@ Order of preference (knobs.md 3.4.3):
    ``gve-ntfy-blkQ@pci:...``, ``<dev>-rx-Q`` / ``<dev>-tx-Q``.
 3. When the device has no ``msi_irqs`` directory, every ``/sys/kernel/irq/*/actions`` naming the
    device is used (once, at discovery).
-4. netdev-genl ``napi-get`` reports ``irq`` only for drivers calling ``netif_napi_set_irq()``
-   (not virtio-net on 6.18), so it is not used here.
+4. netdev-genl ``napi-get`` (6.8+, real host only) reports ``irq`` for drivers calling
+   ``netif_napi_set_irq()`` (mlx5, ice, bnxt, ena; *not* virtio-net on 6.18): such an IRQ is a
+   queue IRQ even when its name did not say so (label ``napi-<id>`` if the name gave none).
 
 Devices without a ``device`` link (veth, ifb, lo, bridges) have no hardware IRQs: they are reported
 with ``note`` saying so and an empty IRQ list — never with made-up numbers.
@@ -21,7 +22,9 @@ with ``note`` saying so and an empty IRQ list — never with made-up numbers.
 from __future__ import annotations
 
 import errno
+import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from polltuned.errors import HostError
@@ -46,7 +49,7 @@ class NicInfo:
     tx_queues: int
     irqs: tuple[QueueIrq, ...]        # queue vectors, sorted by IRQ number
     other_irqs: tuple[QueueIrq, ...]  # the device's non-queue vectors (config, misc, async)
-    source: str                       # "msi_irqs", "irq-names" or "none"
+    source: str                       # "msi_irqs", "irq-names" or "none" (+ "+napi")
     note: str | None = None
 
     @property
@@ -101,8 +104,19 @@ def _int_names(names: list[str]) -> list[int]:
     return sorted(int(n) for n in names if n.isascii() and n.isdigit())
 
 
-def discover_nic(host: Host, dev: str) -> NicInfo:
-    """Queue and IRQ layout of one interface, read once through the Host."""
+#: ifindex -> [(napi id, irq or None)]
+NapiSource = Callable[[int], list[tuple[int, int | None]]]
+
+
+def _genl_napis(ifindex: int) -> list[tuple[int, int | None]]:
+    from polltuned.host.netdev_genl import GenlNetdev
+
+    return [(n.id, n.irq) for n in GenlNetdev().napis(ifindex)]
+
+
+def discover_nic(host: Host, dev: str, *, napis: NapiSource | None = None) -> NicInfo:
+    """Queue and IRQ layout of one interface, read once through the Host. ``napis`` defaults to
+    netdev-genl ``napi-get`` on the real host and to nothing on a fake tree."""
     base = f"/sys/class/net/{dev}"
     if not host.exists(base):
         raise HostError(f"no such network interface: {dev} ({base} missing)", errno=errno.ENODEV)
@@ -142,6 +156,27 @@ def discover_nic(host: Host, dev: str) -> NicInfo:
             others.append(QueueIrq(n, "misc", act))
         else:
             queues.append(QueueIrq(n, label, act))
+    if napis is None and host.is_real:
+        napis = _genl_napis
+    if napis is not None:
+        try:
+            ifindex = int(host.read_text(f"{base}/ifindex").strip())
+            napi_irqs = [(nid, irq) for nid, irq in napis(ifindex) if irq is not None]
+        except Exception as e:   # no netdev family (< 6.3), no permission, pyroute2 error: names only
+            logging.getLogger("polltuned.counters").debug("napi-get for %s unavailable: %s", dev, e)
+            napi_irqs = []
+        have = {q.irq for q in queues}
+        for nid, irq in napi_irqs:
+            if irq in have:
+                continue
+            old = next((o for o in others if o.irq == irq), None)
+            if old is not None:
+                others.remove(old)
+            queues.append(QueueIrq(irq, f"napi-{nid}", old.name if old else _actions(host, irq)))
+            have.add(irq)
+        if napi_irqs:
+            source += "+napi"
+        queues.sort(key=lambda q: q.irq)
     note = None
     if not queues:
         note = "device has no per-queue IRQs that could be identified"
