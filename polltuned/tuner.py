@@ -257,36 +257,37 @@ class Tuner:
                 windows_used += 1
                 self.trace.windows.append(("trial", dict(cfg)))
                 s = score(w, pol.objective, baseline_drops_per_s=base_drops)
-                yield Event("MEASURE", _describe(s), trial=trial_no, window=windows_used - 1,
-                            value=s.value if s.ok else None)
+                # decide, journal, then report: a crash after the event never loses the window
+                outcome, y_told, why = "ok", math.nan, ""
                 if not s.ok:
-                    status, reason = "failed", "; ".join(s.reasons)
-                    opt.tell_failed(cfg)
-                    self._log_window(trial_no, "trial", cfg, "failed", None, None, s)
-                    break
-                y = math.log(s.value / j_ref)
-                if i == 0:
-                    g = guard_check(s, j_ref, pol.guard.max_regression)
-                    if g.abort:
-                        status, reason = "aborted", g.reason
+                    outcome, why = "failed", "; ".join(s.reasons)
+                else:
+                    y_told = math.log(s.value / j_ref)
+                    g = guard_check(s, j_ref, max_reg) if i == 0 else None
+                    if g is not None and g.abort:
                         # told as a capped bad number: the optimiser must learn the region is bad,
                         # without one huge value flattening the surrogate
-                        y_told = min(max(y, math.log(1 + max_reg)) + (0.3 if not s.feasible else 0.0),
+                        outcome, why = "aborted", g.reason
+                        y_told = min(max(y_told, math.log(1 + max_reg)) + (0.3 if not s.feasible else 0.0),
                                      math.log(1 + max_reg) + 1.0)
-                        opt.tell(cfg, y_told)
-                        values.append(s.value)
-                        self._log_window(trial_no, "trial", cfg, "aborted", s.value, y_told, s)
-                        guard_events.append(f"trial {trial_no}: {g.reason}")
-                        break
-                if not s.feasible:
-                    status, reason = "aborted", "constraint broken: " + "; ".join(s.reasons)
-                    opt.tell(cfg, math.log(1 + max_reg) + 0.3)
-                    self._log_window(trial_no, "trial", cfg, "aborted", s.value, math.log(1 + max_reg) + 0.3, s)
-                    guard_events.append(f"trial {trial_no}: {reason}")
+                    elif not s.feasible:
+                        outcome, why = "aborted", "constraint broken: " + "; ".join(s.reasons)
+                        y_told = math.log(1 + max_reg) + 0.3
+                self._log_window(trial_no, "trial", cfg, outcome, s.value if s.ok else None,
+                                 None if outcome == "failed" else y_told, s)
+                yield Event("MEASURE", _describe(s), trial=trial_no, window=windows_used - 1,
+                            value=s.value if s.ok else None)
+                if outcome == "failed":
+                    status, reason = "failed", why
+                    opt.tell_failed(cfg)
                     break
-                opt.tell(cfg, y)
+                opt.tell(cfg, y_told)
                 values.append(s.value)
-                self._log_window(trial_no, "trial", cfg, "ok", s.value, y, s)
+                if outcome == "aborted":
+                    status, reason = "aborted", why
+                    guard_events.append(f"trial {trial_no}: {why}")
+                    break
+                y = y_told
                 i += 1
                 if windows_used >= pol.tuning.budget or self._stop:
                     break

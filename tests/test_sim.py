@@ -96,13 +96,14 @@ def test_host_env_fills_cpu_from_the_sampler(monkeypatch: pytest.MonkeyPatch, tm
     w = env.measure(0)
     assert w.ok and w.cpu_cores == 0.75 and probe.restarts == 1
     # a probe that reports CPU itself wins
-    assert HostEnv(pol, act_stub(), FakeProbe(cpu=0.2), clock=FakeClock(), sampler=FakeSampler()).measure(0).cpu_cores == 0.2
+    own = HostEnv(pol, act_stub(), FakeProbe(cpu=0.2), clock=FakeClock(), sampler=FakeSampler())
+    assert own.measure(0).cpu_cores == 0.2
     # a sampler failure is a failed window, never a number
     bad = HostEnv(pol, act_stub(), FakeProbe(cpu=None), clock=FakeClock(), sampler=FakeSampler(fail=True)).measure(0)
     assert not bad.ok and "sampler" in (bad.error or "")
 
 
-class act_stub:  # noqa: N801 - a tiny stand-in
+class act_stub:
     def read(self, keys: Any) -> dict[str, Any]:
         return {k: 0 for k in keys}
 
