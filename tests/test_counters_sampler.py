@@ -182,3 +182,29 @@ def test_napi_irq_makes_an_unnamed_vector_a_queue_irq() -> None:
     assert [(q.irq, q.queue) for q in info.irqs] == [(37, "napi-257"), (38, "rx-0"), (39, "tx-0")]
     assert info.other_irqs == () and info.source == "msi_irqs+napi"
     assert discover_nic(host, "eth0").source == "msi_irqs"   # fake tree: no netlink by default
+
+
+def test_vanished_queue_irq_triggers_nic_map_refresh(tmp_path: Path) -> None:
+    dst = tmp_path / "t"
+    shutil.copytree(VM / "snap1", dst, symlinks=True)
+    clock = FakeClock()
+    s = Sampler(FsHost(dst), clock=clock, nic="eth0")
+    a = s.sample()
+    assert a.irq_percpu is not None and set(a.irq_percpu) == {38, 39}
+    # "ethtool -L": the TX vector is freed and a new one (40) takes its place
+    shutil.rmtree(dst / "sys/kernel/irq/39")
+    msi = dst / "sys/devices/pci0000:00/0000:00:03.0/msi_irqs"
+    (msi / "39").unlink()
+    (msi / "40").write_text("msix\n")
+    (dst / "sys/kernel/irq/40").mkdir(exist_ok=True)
+    (dst / "sys/kernel/irq/40/actions").write_text("virtio2-output.0\n")
+    (dst / "sys/kernel/irq/40/per_cpu_count").write_text("5,6\n")
+    clock.advance(1)
+    b = s.sample()                        # IRQ 39 missing: its rate is unavailable, map marked stale
+    assert b.irq_percpu is not None and set(b.irq_percpu) == {38}
+    clock.advance(1)
+    c = s.sample()                        # map re-read before this sample
+    assert c.irq_percpu is not None and set(c.irq_percpu) == {38, 40}
+    assert [(q.irq, q.queue) for q in c.nics["eth0"].irqs] == [(38, "rx-0"), (40, "tx-0")]
+    r = rates(b, c)
+    assert r.nic is not None and r.nic["eth0"].irqs_per_s["tx-0"] is None   # no previous count: n/a

@@ -40,12 +40,14 @@ PSI_IRQ = "/proc/pressure/irq"
 class _IrqPercpuReader:
     def __init__(self, host: Host, irqs: list[int]) -> None:
         self._host = host
+        self.stale = False            # a watched IRQ vanished: the Sampler re-reads the NIC map
         self._src: dict[int, TextSource | None] = {}
         for n in irqs:
             try:
                 self._src[n] = TextSource(host, irq_path(n))
             except Absent:
                 self._src[n] = None   # IRQ freed since discovery
+                self.stale = True
 
     def read(self) -> Mapping[int, IrqCounts]:
         out: dict[int, IrqCounts] = {}
@@ -57,6 +59,7 @@ class _IrqPercpuReader:
             except (Absent, HostError) as e:
                 if isinstance(e, HostError) and e.errno not in (errno.ENODEV, errno.ENOENT):
                     raise
+                self.stale = True
                 continue  # IRQ freed (driver reset, ethtool -L): its rate becomes unavailable
             out[irq] = parse_per_cpu_count(text, src.path, irq)
         return out

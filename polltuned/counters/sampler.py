@@ -176,23 +176,23 @@ class Sampler:
         else:
             self._log.info("counter family %r unavailable: %s", name, reason)
 
-    def _start(self) -> None:
-        if self._started:
-            return
-        self._started = True
-        import numpy  # noqa: F401  (the parsers' fast paths; imported here, outside the timed reads)
-
+    def _discover(self) -> None:
+        nics: dict[str, NicInfo] = {}
         devs = self._nic_arg if self._nic_arg is not None else list_links(self._host)
         for dev in devs:
             try:
-                self._nics[dev] = discover_nic(self._host, dev)
+                nics[dev] = discover_nic(self._host, dev)
             except PolltunedError as e:
                 if self._nic_arg is not None:
                     raise UsageError(f"nic {dev!r}: {e.message}",
                                      hint="list interfaces with `ip -br link`") from e
                 self._log.warning("interface %s skipped: %s", dev, e.message)
-        ctx = SampleContext(nic_map=MappingProxyType(self._nics), pids=self._pids)
-        for name, col in self._collectors.items():
+        self._nics = nics
+
+    def _start_readers(self, names: Iterable[str]) -> None:
+        ctx = SampleContext(nic_map=MappingProxyType(dict(self._nics)), pids=self._pids)
+        for name in names:
+            col = self._collectors[name]
             try:
                 self._readers[name] = col.start(self._host, ctx)
             except Absent as e:
@@ -202,8 +202,38 @@ class Sampler:
             except Exception as e:
                 self._disable(name, f"disabled after unexpected {type(e).__name__}: {e}", error=True)
 
+    def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        import numpy  # noqa: F401  (the parsers' fast paths; imported here, outside the timed reads)
+
+        self._discover()
+        self._start_readers(self._collectors)
+
+    def refresh_nics(self) -> None:
+        """Re-read the queue -> IRQ map (after ``ethtool -L``, a driver reset, a new link) and
+        restart the families that depend on it (irq_percpu, links). Called automatically before
+        the next sample when a watched queue IRQ disappeared."""
+        if not self._started:
+            self._start()
+            return
+        self._discover()
+        dependent = [n for n in ("irq_percpu", "links") if n in self._readers]
+        for n in dependent:
+            try:
+                self._readers.pop(n).close()
+            except Exception:
+                pass
+        self._start_readers(dependent)
+        self._log.info("interface queue/IRQ map re-read: %s",
+                       ", ".join(f"{d}: {len(i.irqs)} queue IRQs" for d, i in sorted(self._nics.items())))
+
     def sample(self) -> Snapshot:
         self._start()
+        irq_reader = self._readers.get("irq_percpu")
+        if irq_reader is not None and getattr(irq_reader, "stale", False):
+            self.refresh_nics()
         t0 = self._clock.monotonic()
         out: dict[str, object] = {}
         for name, reader in list(self._readers.items()):

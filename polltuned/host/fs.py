@@ -33,7 +33,10 @@ class KeptFile:
     attributes regenerate their content when read from offset 0, so this skips the path walk
     and open/close of every sample (knobs.md 4.11). Errors surface as HostError."""
 
-    def __init__(self, path: Path, kernel_path: str) -> None:
+    def __init__(self, path: Path, kernel_path: str, *, regular_file: bool = False) -> None:
+        # On a fake tree the files are regular files: an open fd keeps a deleted file readable,
+        # unlike sysfs (ENODEV once the attribute is removed), so removal is checked with fstat.
+        self._regular = regular_file
         self._kernel_path = kernel_path
         try:
             self._fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -44,6 +47,8 @@ class KeptFile:
         if self._fd is None:
             raise HostError(f"{self._kernel_path}: read after close", errno=errno_mod.EBADF)
         try:
+            if self._regular and os.fstat(self._fd).st_nlink == 0:
+                raise HostError(f"cannot read {self._kernel_path}: file was removed", errno=errno_mod.ENOENT)
             data = os.pread(self._fd, 65536, 0)
             if len(data) == 65536:
                 parts = [data]
@@ -92,7 +97,7 @@ class FsHost:
     def open_kept(self, p: str) -> KeptFile:
         """Open ``p`` once for repeated whole-file reads (see KeptFile). Not part of the Host
         protocol: callers fall back to read_text() for other Host implementations."""
-        return KeptFile(self.path(p), p)
+        return KeptFile(self.path(p), p, regular_file=not self.is_real)
 
     def exists(self, p: str) -> bool:
         return self.path(p).exists()
