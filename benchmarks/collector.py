@@ -69,7 +69,7 @@ def _measure(step: Callable[[], object], runs: int, warmup: int) -> dict[str, fl
     return _stats(cpu, wall)
 
 
-def bench_large(runs: int, warmup: int) -> dict[str, object]:
+def bench_large(runs: int, warmup: int, *, interrupts: bool = True) -> dict[str, object]:
     spec = Spec()
     t0, t1 = cached_tree(spec), cached_tree(spec, step=1)
     clock = FakeClock()
@@ -96,13 +96,14 @@ def bench_large(runs: int, warmup: int) -> dict[str, object]:
         "sample_and_rates": _measure(one, runs, warmup),
         "sample_and_rates_with_json": _measure(one_json, max(20, runs // 5), 3),
     }
-    tree_i = cached_tree(spec, interrupts=True)
-    text_path = tree_i / "proc" / "interrupts"
-    host = FsHost(tree_i)
-    out["interrupts_opt_in"] = {
-        "bytes": text_path.stat().st_size,
-        **_measure(lambda: parse_interrupts(host.read_text("/proc/interrupts")), max(5, runs // 30), 1),
-    }
+    if interrupts:
+        tree_i = cached_tree(spec, interrupts=True)
+        text_path = tree_i / "proc" / "interrupts"
+        host = FsHost(tree_i)
+        out["interrupts_opt_in"] = {
+            "bytes": text_path.stat().st_size,
+            **_measure(lambda: parse_interrupts(host.read_text("/proc/interrupts")), max(5, runs // 30), 1),
+        }
     sampler.close()
     return out
 
