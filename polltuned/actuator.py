@@ -150,6 +150,8 @@ class Actuator:
             av = k.availability()
             if not av.present:
                 raise KnobUnsupported(f"{key}: {av.reason}")
+            for w in av.warnings:
+                log.warning("%s: %s", key, w)
             if not av.writable:
                 raise PermissionNeeded(f"{key}: {av.reason}") if "root" in av.reason or "CAP_" in av.reason \
                     else KnobUnsupported(f"{key}: {av.reason}")

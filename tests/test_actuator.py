@@ -185,3 +185,15 @@ def test_torn_tail_tolerated_and_repaired(root: Path, tmp_path: Path) -> None:
     assert all(line.endswith("}") for line in j.read_text().splitlines())
     act(root, st).rollback()
     assert rd(root, "proc/sys/net/core/busy_poll") == "0" and rd(root, "proc/sys/net/core/busy_read") == "0"
+
+
+def test_managed_queue_irq_skipped_with_one_notice(root: Path, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    (root / "proc/irq/39/smp_affinity_list").chmod(0o444)  # managed since 6.12: mode 0444
+    a = act(root, tmp_path / "st")
+    with caplog.at_level("WARNING", logger="polltuned.actuator"):
+        a.apply({"eth0:irq_affinity": "spread"})
+    notices = [r.message for r in caplog.records if "managed IRQs skipped" in r.message]
+    assert len(notices) == 1 and "39" in notices[0]
+    assert rd(root, "proc/irq/38/smp_affinity_list") == "0"
+    assert rd(root, "proc/irq/39/smp_affinity_list") == "0-1"

@@ -120,6 +120,8 @@ class Availability:
     writable: bool
     reason: str = ""
     notices: tuple[str, ...] = field(default=())
+    #: things a user must hear when this knob is applied (e.g. managed IRQs skipped); logged once per apply
+    warnings: tuple[str, ...] = field(default=())
 
 
 class Knob(ABC):

@@ -112,7 +112,7 @@ class IrqAffinityKnob(Knob):
             if managed else ()
         if not ok:
             return Availability(True, False, "all queue IRQs are managed (affinity owned by the kernel)", notes)
-        return Availability(True, True, notices=notes)
+        return Availability(True, True, notices=notes, warnings=notes)
 
     # -- values ------------------------------------------------------------------------------
     def validate(self, value: object) -> KnobValue:

@@ -5,6 +5,10 @@ polltuned-imposed ones: ``net.core.netdev_budget`` has no kernel bounds (0/negat
 harmful) so polltuned enforces >= 1; ``net.core.netdev_budget_usecs`` is raise-only since 6.14
 (+stable): its minimum is the default, 2 jiffies = 2*10^6/HZ µs.
 
+polltuned's hard limits are the kernel's limits (plus the two above): they are what
+``validate()`` refuses before any write. How far a search may go (e.g. busy_poll 0..200 µs) is
+the policy's ``min``/``max``, which ``polltuned check POLICY`` verifies lies inside these limits.
+
 Every ``net.core`` knob here is registered only in the initial network namespace: inside any other
 netns the file does not exist; ``availability()`` says so instead of "missing".
 """
