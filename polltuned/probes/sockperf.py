@@ -1,9 +1,10 @@
 """sockperf probe: an active ping-pong (or under-load at a set rate) against a sockperf server.
 
-Every window starts fresh server(s) and fresh client(s): ``net.core.busy_read`` is copied into a
+Every window starts a fresh server and fresh client(s): ``net.core.busy_read`` is copied into a
 socket when it is created, so a long-lived server would silently keep measuring the old value
-(vm-bench.md §10). With ``sessions > 1`` the probe runs one server and one client per session on
-consecutive ports and merges the per-session statistics (see :func:`merge_results`).
+(vm-bench.md §10). With ``sessions > 1`` the probe runs that many clients in parallel against the
+one server socket (as a real service sees many peers on one port; vm-bench.md §6 "n4/n16") and
+merges the per-session statistics (see :func:`merge_results`).
 
 The output parser is a pure function of sockperf's text (3.x, ``--full-rtt``).
 """
@@ -235,8 +236,8 @@ class SockperfProbe:
     def _cpu(self, cpus: list[int], i: int) -> list[int] | None:
         return [cpus[i % len(cpus)]] if cpus else None
 
-    def server_argv(self, session: int) -> list[str]:
-        argv = ["sockperf", "server", "-i", self._bind, "-p", str(self.cfg.port + session)]
+    def server_argv(self) -> list[str]:
+        argv = ["sockperf", "server", "-i", self._bind, "-p", str(self.cfg.port)]
         if self.cfg.protocol == "tcp":
             argv.append("--tcp")
         return argv
@@ -244,7 +245,7 @@ class SockperfProbe:
     def client_argv(self, session: int, seconds: int) -> list[str]:
         c = self.cfg
         mode = "ping-pong" if c.mode == "ping-pong" else "under-load"
-        argv = ["sockperf", mode, "-i", c.target, "-p", str(c.port + session), "-m", str(c.msg_size),
+        argv = ["sockperf", mode, "-i", c.target, "-p", str(c.port), "-m", str(c.msg_size),
                 "-t", str(seconds), "--full-rtt"]
         if c.mode == "under-load":
             argv += ["--mps", str(c.rate_mps or 1000), "--reply-every", "1"]
@@ -254,9 +255,8 @@ class SockperfProbe:
 
     def _start_servers(self) -> None:
         self._stop_servers()
-        for i in range(self.cfg.sessions):
-            self._servers.append(self._runner.spawn(
-                self.server_argv(i), netns=self.cfg.server_netns, cpus=self._cpu(self._server_cpus, i)))
+        self._servers.append(self._runner.spawn(
+            self.server_argv(), netns=self.cfg.server_netns, cpus=self._cpu(self._server_cpus, 0)))
         self._clock.sleep(self._ready_s)
         for s in self._servers:
             if not s.running():

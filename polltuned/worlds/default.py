@@ -15,7 +15,8 @@ and checks (one short sockperf run) that packets really went through the veth NA
 
 Workloads (vm-bench.md §6) differ only in layout and competing load:
   single     one session, client on CPU0, server on CPU1 (busy polling wins)
-  parallel   4 sessions, servers on CPU0, clients alternating CPU0/CPU1 (busy polling loses badly)
+  parallel   4 sessions to one server socket on CPU0, clients alternating CPU0/CPU1 (busy polling
+             loses badly)
   shared-cpu client and server on CPU0 (busy polling loses badly)
   cpu-hog    single + ``stress-ng --cpu 1`` pinned to the client's CPU (busy polling wins the tail)
 
@@ -59,7 +60,7 @@ class Workload:
 
 WORKLOADS: dict[str, Workload] = {
     "single": Workload("single", "one ping-pong session, client CPU0, server CPU1"),
-    "parallel": Workload("parallel", "4 parallel sessions, servers CPU0, clients CPU0/CPU1",
+    "parallel": Workload("parallel", "4 parallel sessions to one server on CPU0, clients CPU0/CPU1",
                          sessions=4, client_cpus=(0, 1), server_cpus=(0,)),
     "shared-cpu": Workload("shared-cpu", "client and server share CPU0", server_cpus=(0,)),
     "cpu-hog": Workload("cpu-hog", "single session + stress-ng CPU hog on the client's CPU0",
