@@ -48,8 +48,9 @@ def verdicts(d: dict[str, Any]) -> dict[str, str]:
 
 
 def table(docs: list[dict[str, Any]]) -> str:
-    lines = ["| workload | config | p50 µs | p99 µs | p99.9 µs | CPU cores | objective J (95% CI) | deployed knobs |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | config | p50 µs | p99 µs | p99.9 µs | CPU cores | objective J (95% CI) | foreign CPU | "
+             "deployed knobs |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for d in docs:
         base_cfg = d["default"]["config"]
         for arm in ("default", "static", "deployed"):
@@ -57,11 +58,12 @@ def table(docs: list[dict[str, Any]]) -> str:
             ci = a["objective_ci95"]
             ci_s = f" ({ci[0]:.0f}–{ci[1]:.0f})" if ci[0] is not None and ci[1] is not None else ""
             knobs = ""
+            fc = f"{a['foreign_cores']:.2f}" if a.get("foreign_cores") is not None else "-"
             if arm == "deployed":
                 diff = {k: v for k, v in a["config"].items() if base_cfg.get(k) != v}
                 knobs = ", ".join(f"{k.split(':')[-1]}={v}" for k, v in diff.items()) or "defaults kept"
             lines.append(f"| {d['workload']} | {arm} | {a['p50_us']:.1f} | {a['p99_us']:.1f} | {a['p999_us']:.0f} | "
-                         f"{a['cpu_cores']:.2f} | {a['objective']:.1f}{ci_s} | {knobs} |")
+                         f"{a['cpu_cores']:.2f} | {a['objective']:.1f}{ci_s} | {fc} | {knobs} |")
     lines.append("")
     for d in docs:
         v = verdicts(d)

@@ -77,6 +77,13 @@ def read_cpuidle_poll_us(host: Host) -> float | None:
     return parse_cpuidle_poll_us(pairs) if pairs else None
 
 
+def foreign_cores(before: Mapping[int, float], after: Mapping[int, float], elapsed_s: float) -> float:
+    """Pure: cores used by other processes over a window (pids present at both ends)."""
+    if elapsed_s <= 0:
+        return 0.0
+    return sum(max(0.0, after[p] - before[p]) for p in before.keys() & after.keys()) / elapsed_s
+
+
 # ---------------------------------------------------------------------------- recording env
 
 
@@ -91,7 +98,8 @@ class BenchEnv:
     """A TrialEnv wrapper: adds idle-poll CPU, logs every window, and writes ``--record`` lines."""
 
     def __init__(self, inner: TrialEnv, *, host: Host, clock: Clock, workload: str,
-                 record: IO[str] | None = None, log_: WindowLog | None = None) -> None:
+                 record: IO[str] | None = None, log_: WindowLog | None = None,
+                 foreign: Callable[[], Mapping[int, float]] | None = None) -> None:
         self.inner = inner
         self.host = host
         self.clock = clock
@@ -100,6 +108,7 @@ class BenchEnv:
         self.windows = log_ or WindowLog()
         self.phase = "tune"
         self._config: dict[str, KnobValue] = {}
+        self._foreign = foreign
 
     def current(self) -> dict[str, KnobValue]:
         cur = self.inner.current()
@@ -116,14 +125,21 @@ class BenchEnv:
 
     def measure(self, window_index: int) -> Window:
         p0 = read_cpuidle_poll_us(self.host)
+        f0 = self._foreign() if self._foreign is not None else None
         t0 = self.clock.monotonic()
         w = self.inner.measure(window_index)
         elapsed = self.clock.monotonic() - t0
         p1 = read_cpuidle_poll_us(self.host)
-        if w.ok and p0 is not None and p1 is not None and elapsed > 0:
-            poll = max(0.0, (p1 - p0) / 1e6 / elapsed)
-            extra = {**dict(w.extra), "idle_poll_cores": poll}
-            cpu = None if w.cpu_cores is None else w.cpu_cores + poll
+        f1 = self._foreign() if self._foreign is not None else None
+        if w.ok and elapsed > 0:
+            extra = dict(w.extra)
+            cpu = w.cpu_cores
+            if p0 is not None and p1 is not None:
+                poll = max(0.0, (p1 - p0) / 1e6 / elapsed)
+                extra["idle_poll_cores"] = poll
+                cpu = None if cpu is None else cpu + poll
+            if f0 is not None and f1 is not None:
+                extra["foreign_cores"] = foreign_cores(f0, f1, elapsed)
             w = replace(w, cpu_cores=cpu, extra=extra)
         cfg = dict(self._config)
         self.windows.entries.append((self.phase, cfg, w))
@@ -152,6 +168,7 @@ class ArmSummary:
     objective_ci: tuple[float, float]
     p99_ci: tuple[float, float]
     values: tuple[float, ...]
+    foreign_cores: float = math.nan
 
     def to_json(self) -> dict[str, object]:
         def f(x: float) -> float | None:
@@ -162,6 +179,7 @@ class ArmSummary:
                 "cpu_cores": f(self.cpu_cores), "objective": f(self.objective),
                 "objective_ci95": [f(self.objective_ci[0]), f(self.objective_ci[1])],
                 "p99_ci95": [f(self.p99_ci[0]), f(self.p99_ci[1])],
+                "foreign_cores": f(self.foreign_cores),
                 "objective_samples": [f(v) for v in self.values]}
 
 
@@ -189,12 +207,14 @@ def summarise_arm(name: str, config: Mapping[str, KnobValue], windows: Sequence[
     cpus = [w.cpu_cores for w in ok if w.cpu_cores is not None]
     js = [s.value for w in ok if (s := score(w, objective)).ok and math.isfinite(s.value)]
     p99s = [v for w in ok if (v := w.stat("p99")) is not None]
+    foreign = [w.extra["foreign_cores"] for w in ok if "foreign_cores" in w.extra]
     return ArmSummary(
         name=name, config=dict(config), windows=len(windows), failed=len(windows) - len(ok),
         p50=med("p50"), p99=med("p99"), p999=med("p999"),
         cpu_cores=statistics.fmean(cpus) if cpus else math.nan,
         objective=statistics.median(js) if js else math.nan,
-        objective_ci=mean_ci(js), p99_ci=mean_ci(p99s), values=tuple(js))
+        objective_ci=mean_ci(js), p99_ci=mean_ci(p99s), values=tuple(js),
+        foreign_cores=statistics.fmean(foreign) if foreign else math.nan)
 
 
 def compare_interleaved(env: TrialEnv, arms: Mapping[str, Config], rounds: int, *, first_index: int,
@@ -257,13 +277,15 @@ def _fmt_ci(ci: tuple[float, float], nd: int = 1) -> str:
 
 
 def render_table(res: BenchResult) -> str:
-    rows = [("config", "p50 µs", "p99 µs", "p99.9 µs", "CPU cores", "objective J", "J 95% CI", "p99 95% CI", "n")]
+    rows = [("config", "p50 µs", "p99 µs", "p99.9 µs", "CPU cores", "objective J", "J 95% CI", "p99 95% CI", "n",
+             "foreign CPU")]
     for n in ARMS:
         a = res.arms.get(n)
         if a is None:
             continue
         rows.append((n, _fmt(a.p50), _fmt(a.p99), _fmt(a.p999), _fmt(a.cpu_cores, 2), _fmt(a.objective),
-                     _fmt_ci(a.objective_ci), _fmt_ci(a.p99_ci), f"{a.windows - a.failed}/{a.windows}"))
+                     _fmt_ci(a.objective_ci), _fmt_ci(a.p99_ci), f"{a.windows - a.failed}/{a.windows}",
+                     _fmt(a.foreign_cores, 2)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"workload: {res.workload}"]
     for i, r in enumerate(rows):
@@ -276,6 +298,10 @@ def render_table(res: BenchResult) -> str:
         diff = {k: v for k, v in dep.config.items() if base.config.get(k) != v}
         lines.append("deployed: " + (", ".join(f"{k}={v}" for k, v in diff.items()) or "kernel defaults (kept)"))
     lines.append(f"verdict: {res.tuning.get('reason', '')}")
+    fc = [a.foreign_cores for a in res.arms.values() if math.isfinite(a.foreign_cores)]
+    if fc and max(fc) > 0.1:
+        lines.append(f"note: other processes used up to {max(fc):.2f} cores during the comparison: "
+                     "latency numbers are disturbed (compare within this run only)")
     lines.append(f"took {res.duration_s:.0f} s; knobs restored: {'yes' if res.restored else 'NO'}")
     return "\n".join(lines)
 
@@ -425,8 +451,11 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
                                client_cpus=world.client_cpus, server_cpus=world.server_cpus)
             probe.start()
             record_fh = open(settings.record, "a", encoding="utf-8") if settings.record else None  # noqa: SIM115
+            from polltuned.host.exec import foreign_cpu_seconds
+
             env = BenchEnv(_host_env(policy, actuator, probe, host, clock), host=host, clock=clock,
-                           workload=workload.name, record=record_fh)
+                           workload=workload.name, record=record_fh,
+                           foreign=lambda: foreign_cpu_seconds(owner_pid))
             defaults = env.current()
             tuner = Tuner(policy, env, Study.memory(policy), clock=clock)
             for ev in tuner.run():
@@ -448,7 +477,8 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
                 env, arms, rounds, first_index=result.windows_used + 1000,
                 on_window=lambda n, r, w: progress(
                     f"[COMPARE] round {r + 1}/{rounds} {n}: "
-                    + (f"p99={w.latency.get('p99', math.nan):.1f}us cpu={w.cpu_cores or math.nan:.2f}"
+                    + (f"p99={w.latency.get('p99', math.nan):.1f}us cpu={w.cpu_cores or math.nan:.2f} "
+                       f"foreign={w.extra.get('foreign_cores', math.nan):.2f}"
                        if w.ok else f"failed: {w.error}")))
             summaries = {n: summarise_arm(n, arms[n], wins[n], policy.objective) for n in arms}
             if deployed_is_default:

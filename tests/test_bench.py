@@ -15,6 +15,7 @@ from polltuned.bench import (
     BenchEnv,
     BenchResult,
     compare_interleaved,
+    foreign_cores,
     mean_ci,
     parse_cpuidle_poll_us,
     render_table,
@@ -82,6 +83,11 @@ def test_summarise_arm_and_ci() -> None:
     assert hi2 == pytest.approx(2.0 + 4.303 * 1.0 / math.sqrt(3), rel=1e-3)
 
 
+def test_foreign_cores() -> None:
+    assert foreign_cores({1: 1.0, 2: 5.0}, {1: 3.0, 2: 4.0, 3: 100.0}, 2.0) == pytest.approx(1.0)
+    assert foreign_cores({}, {}, 0.0) == 0.0
+
+
 def test_parse_cpuidle_poll() -> None:
     assert parse_cpuidle_poll_us([("POLL\n", "1500\n"), ("haltpoll\n", "999999\n"), ("POLL", "500")]) == 2000.0
 
@@ -95,12 +101,15 @@ def test_bench_env_records_windows_and_adds_idle_poll(tmp_path: Path) -> None:
             (d / "time").write_text("0\n")
     clock = FakeClock()
     rec = io.StringIO()
-    env = BenchEnv(FakeEnv(clock, tmp_path), host=FsHost(tmp_path), clock=clock, workload="single", record=rec)
+    samples = iter([{10: 5.0, 11: 1.0}, {10: 7.0, 12: 9.0}])
+    env = BenchEnv(FakeEnv(clock, tmp_path), host=FsHost(tmp_path), clock=clock, workload="single", record=rec,
+                   foreign=lambda: next(samples))
     env.current()
     env.apply({"net.core.busy_read": 50})
     w = env.measure(0)
     assert w.extra["idle_poll_cores"] == pytest.approx(0.25)  # 1 s of POLL over a 4 s window
     assert w.cpu_cores == pytest.approx(1.25)
+    assert w.extra["foreign_cores"] == pytest.approx(0.5)  # pid 10 used 2 s of CPU in 4 s
     line = json.loads(rec.getvalue().splitlines()[0])
     assert line["v"] == 1 and line["workload"] == "single"
     assert line["config"] == {"net.core.busy_read": 50}
@@ -120,6 +129,9 @@ def test_render_table_and_json() -> None:
     t = render_table(res)
     assert "default" in t and "static" in t and "deployed: net.core.busy_read=50" in t
     assert "knobs restored: yes" in t
+    assert "other processes used" not in t
+    res.arms["static"] = ArmSummary(**{**res.arms["static"].__dict__, "foreign_cores": 1.5})
+    assert "other processes used up to 1.50 cores" in render_table(res)
     d = res.to_json()
     for arm in ("default", "static", "deployed"):
         assert isinstance(d[arm]["objective"], float)

@@ -192,3 +192,25 @@ def kill_pid(pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def foreign_cpu_seconds(owner_pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of every user-space process that is not ``owner_pid`` or one of
+    its descendants; kernel threads (children of kthreadd, pid 2) are left out because our own
+    traffic runs in them (softirq, napi/ threads). Used to tell a disturbed measurement."""
+    import psutil
+
+    out: dict[int, float] = {}
+    ours: set[int] = {owner_pid}
+    try:
+        ours.update(c.pid for c in psutil.Process(owner_pid).children(recursive=True))
+    except psutil.Error:
+        pass
+    for p in psutil.process_iter(["pid", "ppid", "cpu_times"]):
+        info = p.info
+        pid = int(info["pid"])
+        if pid in ours or pid == 2 or info.get("ppid") == 2 or info.get("cpu_times") is None:
+            continue
+        t = info["cpu_times"]
+        out[pid] = float(t.user) + float(t.system)
+    return out
