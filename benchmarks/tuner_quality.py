@@ -23,6 +23,7 @@ J* is found by a dense search of ``expected`` (random samples + coordinate refin
 Usage:
   benchmarks/tuner_quality.py [--scenarios DIR] [--policy FILE] [--seeds N] [--budget N]
                               [--methods polltuned,random,grid,static] [--jobs N] [--json] [--quick]
+  benchmarks/tuner_quality.py --cost     # optimiser CPU per step at 10/50/100/200 observations
 """
 
 from __future__ import annotations
@@ -243,6 +244,49 @@ def table(summaries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200), reps: int = 5) -> str:
+    """Optimiser CPU seconds per step (tell + ask + recommendation) at N observations: polltuned's
+    bounded skopt backend vs an out-of-the-box skopt GP Optimizer (gp_hedge, lbfgs) on the same
+    encoded space. BLAS capped at one thread for both."""
+    import numpy as np
+    from skopt import Optimizer
+    from threadpoolctl import threadpool_limits
+
+    from polltuned.optimiser.skopt_backend import SkoptOptimiser
+
+    space = Space.from_policy(pol)
+    base = default_config(pol)
+    rows = ["| observations | polltuned skopt backend (s/step) | skopt GP default (s/step) |", "|---|---|---|"]
+    for n in sizes:
+        rng = np.random.default_rng(n)
+        cfgs = space.sample_uniform(rng, n)
+        ys = [float(rng.normal(0, 0.3)) for _ in cfgs]
+        ours = SkoptOptimiser(space, base, seed=0, safety_limit=math.log(1.5))
+        ours._pending.clear()
+        for c, y in zip(cfgs, ys):
+            ours.hist.add(c, y)
+        t_ours = []
+        for _ in range(reps):
+            t0 = time.process_time()
+            c = ours.ask(remaining=100)
+            ours.tell(c, float(rng.normal(0, 0.3)))
+            ours.best()
+            t_ours.append(time.process_time() - t0)
+        dims = [(0.0, 1.0)] * space.width
+        X = [list(space.encode(c)) for c in cfgs]
+        with threadpool_limits(limits=1):
+            ref = Optimizer(dims, base_estimator="GP", n_initial_points=1, random_state=0, model_queue_size=1)
+            ref.tell(X[:-1], ys[:-1])
+            t_ref = []
+            for _ in range(max(1, reps // 2)):
+                t0 = time.process_time()
+                ref.tell(X[-1], ys[-1])
+                ref.ask()
+                t_ref.append(time.process_time() - t0)
+        rows.append(f"| {n} | {statistics.median(t_ours):.3f} | {statistics.median(t_ref):.3f} |")
+    return "\n".join(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", default=str(shipped_dir()), help="directory of scenario .py files")
@@ -254,7 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true", help="3 seeds, budget 20 (for tests)")
+    ap.add_argument("--cost", action="store_true", help="only measure optimiser CPU per step vs observations")
     a = ap.parse_args(argv)
+    if a.cost:
+        print(cost_table(load_policy(a.policy)))
+        return 0
     if a.quick:
         a.seeds, a.budget = min(a.seeds, 3), min(a.budget, 20)
     methods = [m for m in a.methods.split(",") if m]

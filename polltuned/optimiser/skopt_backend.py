@@ -54,7 +54,8 @@ class SkoptOptimiser:
         self.rec_kappa = 1.0
         self.safety_kappa = 2.0
         self.endgame_windows = 4
-        self.max_length = 0.4
+        self.max_length = 0.3
+        self.global_fraction = 0.0   # candidates drawn from the whole space (0: trust region only)
         self.min_gain = 0.025     # log units: an improvement worth exploring for (~2.5 %)
         self.exploit_cap = 8      # re-measure a configuration at most this often
         self._succ = 0
@@ -231,7 +232,7 @@ class SkoptOptimiser:
         model = self._fit()
         inc = self.best_inside()
         center = self.space.encode(inc)
-        n_tr = int(self.n_candidates * 0.95)
+        n_tr = int(self.n_candidates * (1.0 - self.global_fraction))
         cands = self._tr_samples(center, n_tr, self.length)
         cands += self.space.sample_uniform(self.rng, self.n_candidates - n_tr)
         cands += [s for s in self._seeds if self.hist.seen(s) == 0]
