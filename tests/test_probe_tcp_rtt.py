@@ -92,3 +92,13 @@ def test_real_sock_diag_loopback(loopback_pair: int) -> None:
     assert all(0 < s.rtt_us < 1_000_000 for s in socks)
     w = TcpRttProbe(Cfg(port=loopback_pair, side="src", sample_interval_s=0.1), clock=FakeClock()).measure(0.3, 0)
     assert w.ok and w.extra["sockets"] == 1 and w.latency["p99"] > 0
+
+
+def test_missing_netns_is_refused_not_created(caplog: pytest.LogCaptureFixture) -> None:
+    import os
+
+    name = "ptb-does-not-exist"
+    with caplog.at_level("WARNING", logger="polltuned.probes"):
+        w = TcpRttProbe(Cfg(port=1, netns=name), clock=FakeClock()).measure(0.1, 0)
+    assert not w.ok and "does not exist" in (w.error or "")
+    assert not os.path.exists(f"/run/netns/{name}")

@@ -11,6 +11,7 @@ pushns/popns); the socket stays bound to that namespace afterwards.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ class SockDiag:
         from pyroute2 import DiagSocket
 
         self.netns = netns
+        if netns is not None and not os.path.exists(os.path.join("/run/netns", netns)):
+            # pyroute2's pushns() would *create* a missing namespace (O_CREAT): refuse instead
+            raise HostError(f"network namespace {netns!r} does not exist (no /run/netns/{netns})")
         try:
             if netns is not None:
                 from pyroute2 import netns as pr_netns
