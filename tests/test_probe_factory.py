@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from polltuned.clock import FakeClock
 from polltuned.host.fs import FsHost
 from polltuned.policy.schema import CommandProbe, PrometheusProbe, SockperfProbe, TcpRttProbe
+from polltuned.policy.schema import SimProbe as SimConfig
 from polltuned.probes.command import CommandProbe as CommandImpl
 from polltuned.probes.factory import make_probe
 from polltuned.probes.prometheus import PrometheusProbe as PrometheusImpl
@@ -22,3 +25,8 @@ def test_kinds() -> None:
                       PrometheusImpl)
     cp = make_probe(CommandProbe(argv=["true"], regex="(?P<p99>x)"), host, clock=c)
     assert isinstance(cp, CommandImpl) and cp.name == "command"
+
+
+def test_sim_kind(tmp_path: Path) -> None:
+    p = make_probe(SimConfig(scenario="busypoll_split"), FsHost(tmp_path), clock=FakeClock())
+    assert hasattr(p, "measure") and hasattr(p, "restart")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
-from typing import cast
 
 from polltuned.clock import Clock
 from polltuned.errors import UsageError
 from polltuned.host.exec import Runner
 from polltuned.host.fs import Host
 from polltuned.policy.schema import CommandProbe as CommandConfig
+from polltuned.policy.schema import Policy
 from polltuned.policy.schema import PrometheusProbe as PrometheusConfig
 from polltuned.policy.schema import SimProbe as SimConfig
 from polltuned.policy.schema import SockperfProbe as SockperfConfig
@@ -28,9 +27,12 @@ def make_probe(
     runner: Runner | None = None,
     client_cpus: Sequence[int] | None = None,
     server_cpus: Sequence[int] | None = None,
+    policy: Policy | None = None,
+    seed: int = 0,
 ) -> Probe:
     """The probe for ``cfg``. ``runner`` defaults to the real subprocess runner;
-    ``client_cpus``/``server_cpus`` are sockperf layout overrides (the bench's workloads)."""
+    ``client_cpus``/``server_cpus`` are sockperf layout overrides (the bench's workloads);
+    ``policy``/``seed`` are passed to the simulated probe."""
 
     def real_runner() -> Runner:
         if runner is not None:
@@ -58,12 +60,7 @@ def make_probe(
     if isinstance(cfg, SimConfig):
         # polltuned.probes.sim belongs to the simulation engine; imported by name to keep the
         # dependency one-way and lazy.
-        try:
-            mod = importlib.import_module("polltuned.probes.sim")
-        except ImportError as e:
-            raise UsageError(f"probe kind 'sim' is not available: {e}") from e
-        build = getattr(mod, "make_sim_probe", None) or getattr(mod, "SimProbe", None)
-        if build is None:
-            raise UsageError("probe kind 'sim': polltuned.probes.sim has neither make_sim_probe() nor SimProbe")
-        return cast(Probe, build(cfg, host, clock=clock))
+        from polltuned.probes.sim import make_sim_probe
+
+        return make_sim_probe(cfg, host, clock=clock, policy=policy, seed=seed)
     raise UsageError(f"probe.kind: unknown probe {getattr(cfg, 'kind', cfg)!r}")
