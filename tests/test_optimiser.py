@@ -160,3 +160,23 @@ def test_skopt_cost_per_trial_is_bounded_at_100_observations(pol: Policy) -> Non
         costs.append(time.process_time() - t0)
     # target 0.3 s on this 2-vCPU VM; 2x headroom for a loaded CI machine
     assert statistics.median(costs) < 0.6
+
+
+def test_categorical_knob_one_hot_and_sampled() -> None:
+    from polltuned.policy.loader import policy_from_dict
+
+    p = policy_from_dict({
+        "name": "cat", "nic": "eth0", "probe": {"kind": "sim", "scenario": "nothing_helps"},
+        "knobs": {"{nic}:irq_affinity": {"type": "categorical", "values": ["spread", "local", "remote"],
+                                         "seeds": ["local"]},
+                  "net.core.busy_read": {"min": 0, "max": 200, "zero_is_off": True, "scale": "log"}},
+    }).resolve_nic()
+    sp = Space.from_policy(p)
+    d = sp.dim("eth0:irq_affinity")
+    assert d.kind == "cat" and d.width == 3
+    u = sp.encode({"eth0:irq_affinity": "remote", "net.core.busy_read": 0})
+    assert list(u[d.offset:d.offset + 3]) == [0.0, 0.0, 1.0]
+    seen = {c["eth0:irq_affinity"] for c in sp.sample_uniform(np.random.default_rng(0), 40)}
+    assert seen == {"spread", "local", "remote"}
+    base = {"eth0:irq_affinity": "spread", "net.core.busy_read": 0}
+    assert {"eth0:irq_affinity": "local", "net.core.busy_read": 0} in sp.seed_configs(base)
