@@ -261,7 +261,7 @@ class Actuator:
             return False
         except (HostError, PolltunedError):
             return False
-        if _same(live, h.last_value):
+        if _same(live, h.last_value) or _same(live, h.baseline_value):  # unchanged, or reset by the kernel
             return False
         self.journal.append("released", key=key, live=live, expected=h.last_value)
         log.warning("%s: changed outside polltuned (%r, polltuned left %r): released, admin wins",
@@ -307,7 +307,9 @@ class Actuator:
             return None
         except PolltunedError as e:
             return RollbackItem(key, "failed", None, e.message)
-        if h.settled and not _same(live, h.last_value):
+        # back at its original value = not an admin choice (kernel reset, or a rollback killed between
+        # its write and its journal record): restore it fully (composite knobs may be half done)
+        if h.settled and not _same(live, h.last_value) and not _same(live, h.baseline_value):
             self.journal.append("released", key=key, live=live, expected=h.last_value)
             log.warning("%s: changed outside polltuned (%r); rollback leaves it", key, live)
             return RollbackItem(key, "released", live, "changed by the admin; left alone")

@@ -227,3 +227,33 @@ def test_corrupted_middle_record_is_refused_without_writing(tmp_path: Path) -> N
     with pytest.raises(JournalError):
         actuator(root, state).apply({"net.core.busy_poll": 10})
     assert tree_values(root) == before
+
+
+@pytest.mark.slow
+def test_sigkill_during_rollback_then_rollback_again(fast_dir: Path) -> None:
+    """Rollback itself may be killed (ExecStopPost timeout, power cut): the next one finishes the job."""
+    rng = random.Random(5)
+    root = make_tree(fast_dir / "root")
+    originals = tree_values(root)
+    hits = 0
+    for i in range(40):
+        state = fast_dir / f"rb{i}"
+        act = actuator(root, state)
+        for _ in range(rng.randint(1, 3)):
+            act.apply(random_assignment(rng))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                actuator(root, state).rollback()
+            except BaseException:
+                os._exit(3)
+            os._exit(0)
+        time.sleep(rng.uniform(0.0, 0.004))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        hits += os.WIFSIGNALED(status)
+        rep = actuator(root, state).rollback()
+        assert rep.ok, [x for x in rep.items if x.outcome == "failed"]
+        assert all(x.outcome != "released" for x in rep.items), rep
+        assert_all_original(root, originals, f"rollback-kill iteration {i}")
+    assert hits >= 10
