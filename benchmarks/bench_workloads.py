@@ -40,7 +40,9 @@ def verdicts(d: dict[str, Any]) -> dict[str, str]:
         gain_static = base["p99_us"] - static["p99_us"]
         gain_dep = base["p99_us"] - dep["p99_us"]
         share = gain_dep / gain_static if gain_static > 0 else math.nan
-        cpu_ok = dep["cpu_cores"] <= static["cpu_cores"] * 1.05
+        # "no more CPU than the static": the deployed mean, or its 95% CI, reaches down to the static's mean
+        lo = (dep.get("cpu_ci95") or [None])[0]
+        cpu_ok = dep["cpu_cores"] <= static["cpu_cores"] or (lo is not None and lo <= static["cpu_cores"])
         out["vs_static"] = (f"{share * 100:.0f}% of static's p99 gain, CPU {dep['cpu_cores']:.2f} vs "
                             f"{static['cpu_cores']:.2f}" + (" (target met)" if share >= 0.8 and cpu_ok
                                                              else " (target MISSED)"))

@@ -169,6 +169,7 @@ class ArmSummary:
     p99_ci: tuple[float, float]
     values: tuple[float, ...]
     foreign_cores: float = math.nan
+    cpu_ci: tuple[float, float] = (math.nan, math.nan)
 
     def to_json(self) -> dict[str, object]:
         def f(x: float) -> float | None:
@@ -180,6 +181,7 @@ class ArmSummary:
                 "objective_ci95": [f(self.objective_ci[0]), f(self.objective_ci[1])],
                 "p99_ci95": [f(self.p99_ci[0]), f(self.p99_ci[1])],
                 "foreign_cores": f(self.foreign_cores),
+                "cpu_ci95": [f(self.cpu_ci[0]), f(self.cpu_ci[1])],
                 "objective_samples": [f(v) for v in self.values]}
 
 
@@ -214,7 +216,7 @@ def summarise_arm(name: str, config: Mapping[str, KnobValue], windows: Sequence[
         cpu_cores=statistics.fmean(cpus) if cpus else math.nan,
         objective=statistics.median(js) if js else math.nan,
         objective_ci=mean_ci(js), p99_ci=mean_ci(p99s), values=tuple(js),
-        foreign_cores=statistics.fmean(foreign) if foreign else math.nan)
+        foreign_cores=statistics.fmean(foreign) if foreign else math.nan, cpu_ci=mean_ci(cpus))
 
 
 def compare_interleaved(env: TrialEnv, arms: Mapping[str, Config], rounds: int, *, first_index: int,
