@@ -184,6 +184,7 @@ class Controller:
         self.recover()
         self._set(RECOVER, "host is clean" if not self.recovery["dirty_at_start"] else "repaired an unclean state")
         yield self.phase
+        exited = False
         try:
             while not self._stop:
                 self.round += 1
@@ -194,18 +195,18 @@ class Controller:
                     self._set(IDLE, f"policy reloaded: {self.policy.name}; re-tuning")
                     yield self.phase
                     continue
-                if self._stop:
-                    break
-                if self.max_rounds is not None and self.round >= self.max_rounds and not self.policy.hold.retune:
+                if self._stop or (self.max_rounds is not None and self.round >= self.max_rounds):
                     break
                 retune = yield from self._hold()
                 if not retune:
                     break
-                if self.max_rounds is not None and self.round >= self.max_rounds:
-                    break
+            exited = True
+            yield from self._exit_steps()
         finally:
-            self._exit_path()
-        yield self.phase
+            if not exited:
+                # closed or failed mid-way: still honour on_exit, without yielding
+                for _ in self._exit_steps():
+                    pass
 
     def _tune_round(self) -> Iterator[str]:
         tuner = self.make_tuner(self.policy, self.env)
@@ -281,9 +282,10 @@ class Controller:
                 return True
         return False
 
-    def _exit_path(self) -> None:
+    def _exit_steps(self) -> Iterator[str]:
         if self.policy.on_exit == "restore":
             self._set(ROLLBACK, "restoring the original values (on_exit = restore)")
+            yield self.phase
             try:
                 self.actuator.rollback()
             except PolltunedError as e:
@@ -292,6 +294,7 @@ class Controller:
             self._set(STOPPED, "stopped; host restored")
         else:
             self._set(STOPPED, "stopped; deployed configuration kept (on_exit = keep)")
+        yield self.phase
 
 
 def _jsonable(obj: Any) -> Any:

@@ -1,0 +1,203 @@
+"""Controller state machine with fake parts: recovery, relay of tuner phases, hold/drift, exit path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from polltuned.clock import FakeClock
+from polltuned.daemon.controller import HOLD, RECOVER, ROLLBACK, STOPPED, Controller, DriftDetector
+from polltuned.policy.loader import policy_from_dict
+from polltuned.policy.schema import Policy
+from polltuned.records import Config, KnobValue, Window
+
+
+def _policy(**over: Any) -> Policy:
+    data: dict[str, Any] = {
+        "name": "t",
+        "knobs": {"net.core.busy_poll": {"min": 0, "max": 100}},
+        "probe": {"kind": "sim", "scenario": "x.py"},
+        "hold": {"interval_s": 2.0, "drift_threshold": 0.3, "drift_windows": 2},
+    }
+    data.update(over)
+    return policy_from_dict(data)
+
+
+@dataclass
+class FakeActuator:
+    dirty: bool = False
+    rollbacks: int = 0
+    values: dict[str, KnobValue] = field(default_factory=lambda: {"net.core.busy_poll": 0})
+
+    def read(self, keys: Any) -> dict[str, KnobValue]:
+        return {k: self.values[k] for k in keys}
+
+    def rollback(self) -> dict[str, Any]:
+        self.rollbacks += 1
+        self.dirty = False
+        self.values["net.core.busy_poll"] = 0
+        return {"restored": 1}
+
+    def is_dirty(self) -> bool:
+        return self.dirty
+
+    def managed(self) -> list[Any]:
+        return []
+
+
+@dataclass(frozen=True)
+class Ev:
+    phase: str
+    message: str = ""
+    trial: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"phase": self.phase, "message": self.message, "trial": self.trial, "kind": "phase"}
+
+
+class FakeTuner:
+    def __init__(self, actuator: FakeActuator, phases: list[str]) -> None:
+        self.actuator = actuator
+        self.phases = phases
+        self.stopped = False
+        self._result: dict[str, Any] | None = None
+
+    def run(self) -> Iterator[Ev]:
+        for i, p in enumerate(self.phases):
+            if self.stopped:
+                break
+            if p == "APPLY":
+                self.actuator.values["net.core.busy_poll"] = 50
+                self.actuator.dirty = True
+            yield Ev(p, f"step {i}", trial=i)
+        self._result = {"deployed": {"net.core.busy_poll": 50}}
+
+    def request_stop(self) -> None:
+        self.stopped = True
+
+    @property
+    def result(self) -> Any:
+        return self._result
+
+
+class FakeEnv:
+    def __init__(self, latencies: list[float]) -> None:
+        self.latencies = latencies
+        self.calls = 0
+
+    def current(self) -> dict[str, KnobValue]:
+        return {}
+
+    def apply(self, config: Config) -> None:
+        pass
+
+    def measure(self, window_index: int) -> Window:
+        lat = self.latencies[min(self.calls, len(self.latencies) - 1)]
+        self.calls += 1
+        return Window(ok=True, latency={"p99": lat}, cpu_cores=0.1)
+
+    def describe(self) -> Mapping[str, object]:
+        return {}
+
+
+def test_recover_rolls_back_dirty_host_before_anything_else() -> None:
+    act = FakeActuator(dirty=True, values={"net.core.busy_poll": 77})
+    tuners: list[FakeTuner] = []
+
+    def make(p: Policy, e: Any) -> FakeTuner:
+        # by the time the first tuner is built, recovery must have restored the host
+        assert act.values["net.core.busy_poll"] == 0 and act.rollbacks == 1
+        t = FakeTuner(act, ["BASELINE"])
+        tuners.append(t)
+        return t
+
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([100.0]), make_tuner=make,
+                   clock=FakeClock(), max_rounds=1)
+    phases = list(c.steps())
+    assert phases[0] == RECOVER
+    assert c.recovery["dirty_at_start"] is True
+    assert tuners, "tuner never built"
+
+
+def test_relays_tuner_phases_and_restores_on_exit() -> None:
+    act = FakeActuator()
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([100.0]),
+                   make_tuner=lambda p, e: FakeTuner(act, ["BASELINE", "PROPOSE", "APPLY", "MEASURE", "CONFIRM"]),
+                   clock=FakeClock(), max_rounds=1)
+    phases = list(c.steps())
+    for p in ("BASELINE", "PROPOSE", "APPLY", "MEASURE", "CONFIRM", ROLLBACK, STOPPED):
+        assert p in phases
+    assert act.rollbacks == 1 and act.values["net.core.busy_poll"] == 0
+    assert c.result == {"deployed": {"net.core.busy_poll": 50}}
+
+
+def test_on_exit_keep_leaves_deployed_values() -> None:
+    act = FakeActuator()
+    c = Controller(policy=_policy(on_exit="keep", hold={"retune": False}), actuator=act, env=FakeEnv([1.0]),
+                   make_tuner=lambda p, e: FakeTuner(act, ["APPLY"]), clock=FakeClock(), max_rounds=1)
+    list(c.steps())
+    assert act.rollbacks == 0 and act.values["net.core.busy_poll"] == 50
+    assert c.phase == STOPPED
+
+
+def test_hold_detects_drift_and_retunes_without_real_sleep() -> None:
+    act = FakeActuator()
+    made: list[int] = []
+    clock = FakeClock()
+
+    def make(p: Policy, e: Any) -> FakeTuner:
+        made.append(1)
+        return FakeTuner(act, ["APPLY"])
+
+    # three reference windows at ~100 µs, then the workload moves to 300 µs for two windows
+    env = FakeEnv([100, 102, 98, 300, 310, 100, 100, 100, 100])
+    c = Controller(policy=_policy(), actuator=act, env=env, make_tuner=make, clock=clock, max_rounds=2)
+    phases = list(c.steps())
+    assert len(made) == 2, "drift did not trigger a second (warm-started) tuning round"
+    assert HOLD in phases
+    assert sum(clock.slept) >= 2.0 * 5  # slept through the injected clock only
+    assert env.calls == 5
+
+
+def test_stop_request_during_hold_exits_and_restores() -> None:
+    act = FakeActuator()
+    env = FakeEnv([100.0] * 50)
+    c = Controller(policy=_policy(), actuator=act, env=env, make_tuner=lambda p, e: FakeTuner(act, ["APPLY"]),
+                   clock=FakeClock())
+    steps = c.steps()
+    for phase in steps:
+        if phase == HOLD and env.calls >= 2:
+            c.request_stop()
+            break
+    rest = list(steps)
+    assert rest[-1] == STOPPED
+    assert act.rollbacks == 1
+
+
+def test_reload_swaps_policy_and_retunes() -> None:
+    act = FakeActuator()
+    seen: list[str] = []
+
+    def make(p: Policy, e: Any) -> FakeTuner:
+        seen.append(p.name)
+        return FakeTuner(act, ["BASELINE", "PROPOSE", "APPLY"])
+
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_tuner=make,
+                   clock=FakeClock(), max_rounds=2)
+    steps = c.steps()
+    for phase in steps:
+        if phase == "PROPOSE":
+            c.request_reload(_policy(name="second", hold={"retune": False}))
+            break
+    list(steps)
+    assert seen[:2] == ["t", "second"]
+
+
+def test_drift_detector_needs_consecutive_windows() -> None:
+    d = DriftDetector(threshold=0.5, needed=2, ref_windows=2)
+    assert not d.observe({"x": 10}) and not d.observe({"x": 10})
+    assert not d.observe({"x": 20})  # +100 %: streak 1
+    assert not d.observe({"x": 10})  # back: streak reset
+    assert not d.observe({"x": 30})
+    assert d.observe({"x": 30})
