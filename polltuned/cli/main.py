@@ -24,6 +24,10 @@ COMMANDS: dict[str, str] = {
     "verify": "polltuned.cli.verify",
     "top": "polltuned.cli.top",
     "bench": "polltuned.cli.bench",
+    "run": "polltuned.cli.run",
+    "status": "polltuned.cli.status",
+    "history": "polltuned.cli.history",
+    "report": "polltuned.cli.report",
 }
 
 DEFAULT_STATE_DIR = "/var/lib/polltuned"

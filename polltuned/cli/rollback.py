@@ -18,9 +18,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from polltuned.daemon.status import clear_kept, is_kept
+
     act = build_actuator(args)
     if args.if_dirty and not act.state().open:
         return int(ExitCode.OK)
+    if args.if_dirty and is_kept(args.state_dir):
+        # the daemon exited cleanly with on_exit = keep: its deployed values stay on purpose
+        print("polltuned: keeping the deployed configuration (policy on_exit = keep); 'polltuned rollback' undoes it")
+        return int(ExitCode.OK)
+    clear_kept(args.state_dir)
     rep = act.rollback()
     if args.json:
         print(json.dumps({"clean": rep.clean, "was_dirty": rep.was_dirty,

@@ -120,7 +120,9 @@ class Controller:
         clock: Clock,
         meter: WorkloadMeter | None = None,
         max_rounds: int | None = None,
+        kept: bool = False,
     ) -> None:
+        self.kept = kept
         self.policy = policy
         self.actuator = actuator
         self.env = env
@@ -167,10 +169,16 @@ class Controller:
                  extra={"phase": phase, "trial": trial, "policy": self.policy.name})
 
     def recover(self) -> dict[str, Any]:
-        """Replay the journal and repair: a dirty host (crash, kill -9) goes back to its baselines."""
+        """Replay the journal and repair: a dirty host (crash, kill -9) goes back to its baselines.
+
+        Exception: the previous daemon exited cleanly with on_exit = keep (``kept``): its deployed
+        values stay and tuning continues from them (the journal still holds the originals)."""
         dirty = self.actuator.is_dirty()
-        info: dict[str, Any] = {"dirty_at_start": dirty}
-        if dirty:
+        info: dict[str, Any] = {"dirty_at_start": dirty, "kept_by_previous_run": self.kept}
+        if dirty and self.kept:
+            log.info("previous run kept its deployed configuration (on_exit = keep); continuing from it",
+                     extra={"phase": RECOVER})
+        elif dirty:
             report = self.actuator.rollback()
             info["rollback"] = _jsonable(report)
             log.warning("journal shows knobs left by an earlier run; restored their original values",

@@ -98,3 +98,26 @@ def daemon_running(run_dir: str | Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+KEEP_MARKER = "kept.json"
+
+
+def mark_kept(state_dir: str | Path, info: Mapping[str, Any]) -> None:
+    """The daemon exited cleanly with on_exit = keep: `rollback --if-dirty` (ExecStopPost) must not undo it."""
+    p = Path(state_dir) / KEEP_MARKER
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(info), default=str))
+    os.replace(tmp, p)
+
+
+def clear_kept(state_dir: str | Path) -> bool:
+    try:
+        (Path(state_dir) / KEEP_MARKER).unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def is_kept(state_dir: str | Path) -> bool:
+    return (Path(state_dir) / KEEP_MARKER).exists()

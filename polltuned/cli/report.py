@@ -1,0 +1,28 @@
+"""``polltuned report``: a PNG of a policy's study (objective over trials, Pareto front, per-knob effects)."""
+
+from __future__ import annotations
+
+import argparse
+
+from polltuned.errors import ExitCode, UsageError
+
+HELP = "draw the recorded trials of a policy to a PNG"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from polltuned.cli.history import add_arguments as history_args
+
+    history_args(p)
+    p.add_argument("-o", "--output", default="polltuned-report.png", metavar="PNG")
+
+
+def run(args: argparse.Namespace) -> int:
+    from polltuned.cli.history import study_rows
+    from polltuned.report import draw_report
+
+    name, rows = study_rows(args)
+    if not rows:
+        raise UsageError(f"policy {name}: no recorded trials in {args.state_dir} to draw")
+    path = draw_report(rows, args.output, title=f"polltuned — {name}")
+    print(f"wrote {path} ({len(rows)} windows)")
+    return int(ExitCode.OK)

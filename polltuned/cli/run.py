@@ -1,0 +1,65 @@
+"""``polltuned run``: the foreground daemon (systemd ExecStart, Type=notify)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from polltuned.errors import ExitCode
+
+HELP = "run the tuning daemon in the foreground (what the systemd unit starts)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="daemon config (TOML), e.g. /etc/polltuned/polltuned.toml")
+    p.add_argument("--policy", help="policy name or file (overrides the config's)")
+    p.add_argument("--nic", help="network device the policy's {nic} knobs refer to (overrides policy and config)")
+    p.add_argument("--max-rounds", type=int, default=None, metavar="N",
+                   help="stop after N tuning rounds instead of holding forever (for demos and tests)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polltuned.cli.main import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
+    from polltuned.clock import SystemClock
+    from polltuned.daemon.config import DaemonConfig, load_config
+    from polltuned.daemon.service import Service
+    from polltuned.daemon.status import clear_kept, is_kept, mark_kept
+    from polltuned.daemon.statusdoc import build_status
+    from polltuned.daemon.wiring import build_daemon, load_daemon_policy
+    from polltuned.host.systemd import Notifier, setup_logging
+
+    cfg = load_config(args.config) if args.config else DaemonConfig()
+    state_dir = args.state_dir if args.state_dir != DEFAULT_STATE_DIR else cfg.state_dir
+    run_dir = args.run_dir if args.run_dir != DEFAULT_RUN_DIR else cfg.run_dir
+    setup_logging(args.log_level or cfg.log_level)
+    log = logging.getLogger("polltuned.daemon")
+
+    def policy_ref() -> tuple[str, str | None]:
+        c = load_config(args.config) if args.config else cfg
+        return (args.policy or c.policy, args.nic or c.nic)
+
+    ref, nic = policy_ref()
+    policy = load_daemon_policy(ref, nic)
+    clock = SystemClock()
+    kept = is_kept(state_dir)
+    d = build_daemon(policy=policy, host_root=args.host_root, state_dir=state_dir, clock=clock,
+                     max_rounds=args.max_rounds)
+    d.controller.kept = kept
+
+    def reload_policy() -> object:
+        r, n = policy_ref()
+        return load_daemon_policy(r, n)
+
+    service = Service(controller=d.controller, notifier=Notifier(), run_dir=run_dir, clock=clock,
+                      build_status=lambda c: build_status(d, c), reload_policy=reload_policy,  # type: ignore[arg-type]
+                      status_interval_s=cfg.status_interval_s)
+    log.info("starting: policy %s, host root %s, state %s", policy.name, args.host_root, state_dir,
+             extra={"policy": policy.name})
+    rc = service.run()
+    if d.controller.policy.on_exit == "keep":
+        mark_kept(state_dir, {"policy": d.controller.policy.name, "t": clock.wall()})
+    else:
+        clear_kept(state_dir)
+    log.info("stopped (%s)", d.controller.message)
+    return rc if rc else int(ExitCode.OK)

@@ -1,0 +1,101 @@
+"""Builds the status document the daemon publishes (see polltuned.daemon.status)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from polltuned.daemon.controller import Controller, _jsonable
+from polltuned.daemon.wiring import Daemon
+from polltuned.errors import PolltunedError
+
+
+def _num(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def knob_rows(d: Daemon, c: Controller) -> list[dict[str, Any]]:
+    managed: dict[str, Any] = {}
+    try:
+        managed = {m.key: m for m in d.actuator.managed()}
+    except PolltunedError:
+        managed = {}
+    try:
+        live = d.actuator.read(list(c.policy.knobs))
+    except PolltunedError:
+        live = {}
+    res = c.result
+    best = res.best_config if res is not None else {}
+    deployed = res.deployed if res is not None else {}
+    rows = []
+    keys = list(c.policy.knobs) + [k for k in managed if k not in c.policy.knobs]
+    for key in keys:
+        m = managed.get(key)
+        if m is not None:
+            owner = {"polltuned": "polltuned", "restored": "polltuned (restored)", "released": "admin (released)",
+                     "unsupported": "unsupported", "gone": "gone"}.get(m.state, m.state)
+            original, current = m.baseline, m.live
+        else:
+            owner = "not touched" if key in live else "unsupported"
+            original, current = live.get(key), live.get(key)
+        note = ""
+        if (key in deployed and res is not None and not res.deployed_is_baseline and current == deployed[key]
+                and original != current):
+            note = "deployed"
+        rows.append({"key": key, "original": original, "current": current, "best": best.get(key),
+                     "owner": owner, "note": note})
+    return rows
+
+
+def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
+    pol = c.policy
+    doc: dict[str, Any] = {
+        "policy": pol.name,
+        "nic": pol.nic,
+        "phase": c.phase,
+        "message": c.message,
+        "trial": c.trial,
+        "progress": {"trial": c.trial, "trials_budget": pol.tuning.budget // max(pol.tuning.repeats, 1),
+                     "windows_budget": pol.tuning.budget, "round": c.round,
+                     "windows_used": c.result.windows_used if c.result is not None else None},
+        "knobs": knob_rows(d, c),
+        "guard_events": list(c.guard_events),
+        "recent_events": list(c.events)[-10:],
+        "recovery": c.recovery,
+        "hold": c.hold,
+        "counters": d.counters.summary(),
+        "on_exit": pol.on_exit,
+    }
+    res = c.result
+    if res is not None:
+        v = res.verdict
+        conf: dict[str, Any] = {}
+        if v is not None:
+            conf = {
+                "verdict": "significant: deployed" if v.deploy else "not deployed: baseline kept",
+                "significant": v.significant,
+                "gain": _num(v.gain), "ci": [_num(v.ci_low), _num(v.ci_high)],
+                "p_value": _num(v.p_value), "pairs": min(len(v.baseline_samples), len(v.candidate_samples)),
+                "reason": v.reason,
+                "baseline_samples": list(v.baseline_samples), "candidate_samples": list(v.candidate_samples),
+            }
+        else:
+            conf = {"verdict": "no candidate beat the baseline: baseline kept", "reason": res.reason}
+        doc["result"] = {
+            "objective_name": f"{pol.objective.statistic} {pol.objective.combine}",
+            "baseline_objective": _num(res.baseline_value), "best_objective": _num(res.best_value),
+            "baseline_config": res.baseline_config, "best_config": res.best_config, "deployed": res.deployed,
+            "deployed_is_baseline": res.deployed_is_baseline, "confirmation": conf,
+            "windows_used": res.windows_used,
+            "trials": {s: sum(1 for t in res.trials if t.status == s) for s in ("ok", "failed", "aborted")},
+        }
+        doc["progress"]["windows_used"] = res.windows_used
+        bp = res.deployed.get("net.core.busy_poll")
+        if isinstance(bp, int) and any(k.startswith(("vhost:", "module:kvm")) for k in pol.knobs):
+            from polltuned.knobs.vhost import recommend_vhost_poll_us
+
+            rec = recommend_vhost_poll_us(bp)
+            doc["recommendations"] = {"qemu -netdev tap,poll-us": {"value": rec.poll_us, "why": rec.reason}}
+    return _jsonable(doc)  # type: ignore[no-any-return]

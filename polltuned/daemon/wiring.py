@@ -1,0 +1,151 @@
+"""Builds the daemon from its configuration: the one place where every part is constructed.
+
+host (FsHost at --host-root) -> journal + actuator -> probe (policy) -> sampler (counters)
+-> HostEnv -> Tuner factory (Study per policy: resume + warm start) -> Controller -> Service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polltuned.actuator import Actuator
+from polltuned.clock import Clock
+from polltuned.daemon.controller import Controller, TunerLike
+from polltuned.errors import PolltunedError
+from polltuned.host.fs import FsHost, Host
+from polltuned.journal import Journal
+from polltuned.policy.loader import load_policy
+from polltuned.policy.schema import Policy
+from polltuned.trial import TrialEnv
+
+log = logging.getLogger("polltuned.daemon")
+
+
+def nic_device(policy: Policy) -> str | None:
+    """The host-netns device name of the policy's nic (None for a device inside a named netns)."""
+    if not policy.nic or "/" in policy.nic:
+        return None
+    return policy.nic
+
+
+class CountersView:
+    """Per-CPU summary for status, and the workload signals HOLD watches for drift."""
+
+    def __init__(self, host: Host, clock: Clock, nic: str | None) -> None:
+        self.clock = clock
+        self._sampler: Any = None
+        self._prev: Any = None
+        self._begin: Any = None
+        self.last_json: dict[str, Any] = {}
+        try:
+            from polltuned.counters import Sampler
+
+            self._sampler = Sampler(host, clock=clock, nic=nic)
+        except PolltunedError as e:
+            log.warning("counters disabled: %s", e.message)
+            with contextlib.suppress(PolltunedError):
+                self._sampler = Sampler(host, clock=clock)
+
+    def summary(self) -> dict[str, Any]:
+        """Rates since the previous call (at least 1 s apart), as a small JSON block."""
+        if self._sampler is None:
+            return {"cpus": [], "unavailable": {"counters": "no sampler"}}
+        from polltuned.metrics.window import rates
+
+        try:
+            snap = self._sampler.sample()
+        except PolltunedError as e:
+            return {"cpus": [], "unavailable": {"counters": e.message}}
+        if self._prev is None or snap.t - self._prev.t < 1.0:
+            if self._prev is None:
+                self._prev = snap
+            return self.last_json
+        r = rates(self._prev, snap)
+        self._prev = snap
+        cpus = []
+        for cpu in sorted(r.cpu):
+            c = r.cpu[cpu]
+            cpus.append({
+                "cpu": cpu, "net_rx_per_s": c.net_rx_per_s, "irqs_per_s": c.irqs_per_s, "softirq": c.softirq,
+                "system": c.system,
+                "runq_wait_ms_per_s": None if c.runq_wait_s_per_s is None else c.runq_wait_s_per_s * 1000,
+            })
+        self.last_json = {"interval_s": r.interval_s, "cpus": cpus, "unavailable": dict(r.unavailable)}
+        return self.last_json
+
+    # WorkloadMeter protocol (HOLD): NET_RX/s and softirq load over one window
+    def begin(self) -> None:
+        self._begin = self._sampler.sample() if self._sampler is not None else None
+
+    def end(self) -> dict[str, float]:
+        if self._sampler is None or self._begin is None:
+            return {}
+        from polltuned.metrics.window import rates
+
+        r = rates(self._begin, self._sampler.sample())
+        out: dict[str, float] = {}
+        rx = [c.net_rx_per_s for c in r.cpu.values() if c.net_rx_per_s is not None]
+        if rx:
+            out["net_rx_per_s"] = float(sum(rx))
+        si = [c.softirq for c in r.cpu.values() if c.softirq is not None]
+        if si:
+            out["softirq_cores"] = float(sum(si))
+        return out
+
+
+@dataclass
+class Daemon:
+    policy: Policy
+    host: FsHost
+    actuator: Actuator
+    controller: Controller
+    counters: CountersView
+    state_dir: Path
+
+
+def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, counters: CountersView) -> TrialEnv:
+    from polltuned.probes.factory import make_probe
+    from polltuned.worlds.env import HostEnv
+
+    probe = make_probe(policy.probe, host, clock=clock, policy=policy, seed=policy.tuning.seed)
+    probe.start()
+    # the simulated world reports its own CPU; a real probe's window gets CPU from the counters
+    sampler = None if policy.probe.kind == "sim" else counters._sampler
+    return HostEnv(policy, actuator, probe, clock=clock, sampler=sampler, cpus=policy.app_cpus or None)
+
+
+def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,
+                 max_rounds: int | None = None) -> Daemon:
+    from polltuned.knobs.registry import KnobRegistry
+    from polltuned.study import Study
+    from polltuned.tuner import Tuner
+
+    host = FsHost(host_root)
+    sd = Path(state_dir)
+    sd.mkdir(parents=True, exist_ok=True)
+    journal = Journal(sd, clock=clock)
+    actuator = Actuator(host, journal, registry=KnobRegistry(host, app_cpus=policy.app_cpus),
+                        app_cpus=policy.app_cpus, clock=clock)
+    counters = CountersView(host, clock, nic_device(policy))
+    env = build_env(policy, host, actuator, clock, counters)
+    envs: dict[str, TrialEnv] = {policy.model_dump_json(): env}
+
+    def make_tuner(pol: Policy, _env: TrialEnv) -> TunerLike:
+        key = pol.model_dump_json()
+        if key not in envs:
+            envs.clear()
+            envs[key] = build_env(pol, host, actuator, clock, counters)
+            controller.env = envs[key]  # HOLD measures under the new policy's probe too
+        return Tuner(pol, envs[key], Study.open(sd, pol), clock=clock)
+
+    controller = Controller(policy=policy, actuator=actuator, env=env, make_tuner=make_tuner, clock=clock,
+                            meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds)
+    return Daemon(policy, host, actuator, controller, counters, sd)
+
+
+def load_daemon_policy(policy_ref: str, nic: str | None) -> Policy:
+    return load_policy(policy_ref, nic=nic)
