@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,8 +58,26 @@ class World:
         self.sock_path = str(tmp / "notify.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.sock_path)
-        self.sock.settimeout(0.5)
+        self.sock.settimeout(0.2)
         self.messages: list[str] = []
+        self._closing = False
+        # read the notify socket continuously, like systemd does (a full queue would block sd_notify)
+        self._reader = threading.Thread(target=self._read_loop, daemon=True)
+        self._reader.start()
+
+    def _read_loop(self) -> None:
+        while not self._closing:
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._closing = True
+        self._reader.join(timeout=2)
+        self.sock.close()
 
     def snapshot(self) -> dict[str, str]:
         return {str(p.relative_to(self.root)): p.read_text() for p in sorted(self.root.rglob("*")) if p.is_file()}
@@ -72,26 +91,24 @@ class World:
         env = dict(os.environ, NOTIFY_SOCKET=self.sock_path)
         env.pop("INVOCATION_ID", None)
         env.pop("JOURNAL_STREAM", None)
-        return subprocess.Popen([*PT, "--host-root", str(self.root), "--state-dir", str(self.state),
-                                 "--run-dir", str(self.run), "run", "--config", str(self.config)],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        self.log = self.tmp / "daemon.log"
+        out = open(self.log, "w")  # a file, not a pipe nobody reads (a full pipe would block the daemon)
+        try:
+            return subprocess.Popen([*PT, "--host-root", str(self.root), "--state-dir", str(self.state),
+                                     "--run-dir", str(self.run), "run", "--config", str(self.config)],
+                                    env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        finally:
+            out.close()
 
     def drain(self) -> None:
-        while True:
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except TimeoutError:
-                return
+        time.sleep(0.3)
 
     def wait_for(self, pred: str, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except TimeoutError:
-                pass
-            if any(pred in m for m in self.messages):
+            if any(pred in m for m in list(self.messages)):
                 return
+            time.sleep(0.05)
         raise AssertionError(f"no notify message containing {pred!r}; got {self.messages[-10:]}")
 
     def status(self) -> dict[str, object]:
@@ -103,7 +120,7 @@ class World:
 def world(tmp_path: Path) -> Iterator[World]:
     w = World(tmp_path)
     yield w
-    w.sock.close()
+    w.close()
 
 
 def _wait_phase(w: World, phase: str, timeout: float = 60.0) -> dict[str, object]:
@@ -148,7 +165,8 @@ def test_notify_reload_and_sigterm_restore(world: World) -> None:
         assert world.status()["policy"] == "daemon-test"
 
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        out = world.log.read_text()
         assert proc.returncode == 0, out
         assert "reload refused" in out
     finally:
@@ -186,12 +204,12 @@ def test_kill9_then_rollback_if_dirty_restores(world: World) -> None:
 
 @pytest.mark.slow
 def test_on_exit_keep_survives_execstoppost(world: World) -> None:
-    world.policy.write_text(world.policy.read_text() + '\non_exit = "keep"\n')
+    world.policy.write_text('on_exit = "keep"\n' + world.policy.read_text())
     proc = world.start()
     try:
         _wait_phase(world, "HOLD")
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -88,6 +88,7 @@ class Service:
         ready = False
         last_phase = ""
         last_publish = -1e18
+        last_ping = -1e18
         try:
             for phase in self.controller.steps():
                 if self.flags.stop and not self.controller.stopping:
@@ -100,9 +101,11 @@ class Service:
                 if not ready and (phase != RECOVER or self.controller.recovery):
                     ready = True
                     self.notifier.ready(self._short())
-                self.notifier.watchdog()
                 now = self.clock.monotonic()
-                if phase != last_phase or now - last_publish >= self.status_interval_s:
+                if now - last_ping >= 1.0:  # WatchdogSec is minutes; one ping a second is plenty
+                    self.notifier.watchdog()
+                    last_ping = now
+                if (phase != last_phase and now - last_publish >= 0.2) or now - last_publish >= self.status_interval_s:
                     self._publish()
                     self.notifier.status(self._short())
                     last_phase, last_publish = phase, now
