@@ -92,13 +92,11 @@ class World:
         env.pop("INVOCATION_ID", None)
         env.pop("JOURNAL_STREAM", None)
         self.log = self.tmp / "daemon.log"
-        out = open(self.log, "w")  # a file, not a pipe nobody reads (a full pipe would block the daemon)
-        try:
+        # a file, not a pipe nobody reads (a full pipe would block the daemon)
+        with open(self.log, "w") as out:
             return subprocess.Popen([*PT, "--host-root", str(self.root), "--state-dir", str(self.state),
                                      "--run-dir", str(self.run), "run", "--config", str(self.config)],
                                     env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-        finally:
-            out.close()
 
     def drain(self) -> None:
         time.sleep(0.3)
