@@ -86,7 +86,8 @@ def parse_softnet(text: str, path: str = PATH) -> SoftnetRecord:
         raise ParseError(path, None, "no rows")
     ncol = (len(lines[0][1]) + 1) // 9
     ok = (ncol in (13, 15) and text.isascii() and not text.encode("ascii").translate(None, _HEX_WS)
-          and all(len(ln) == 9 * ncol - 1 and ln[8::9] == " " * (ncol - 1) for _, ln in lines))
+          and all(len(ln) == 9 * ncol - 1 and ln[8::9] == " " * (ncol - 1) and ln.count(" ") == ncol - 1
+                  for _, ln in lines))
     if not ok:
         _strict(lines, path)
     raw = bytes.fromhex("".join(ln for _, ln in lines).replace(" ", ""))
