@@ -72,7 +72,7 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
                 f"confirmation: {conf.get('verdict', '?')} — gain {_pct(conf.get('gain'))} "
                 f"(95 % CI {_pct(ci[0])} … {_pct(ci[1])}, p = {_fmt(conf.get('p_value'))}, "
                 f"{_fmt(conf.get('pairs'))} interleaved pairs)"
-                + (f"; {conf['reason']}" if conf.get("reason") else "")
+                + (f"; {conf['reason']}" if conf.get("reason") and not str(conf["reason"]).startswith("gain") else "")
             )
     guards = doc.get("guard_events") or []
     if guards:

@@ -38,7 +38,7 @@ def knob_rows(d: Daemon, c: Controller) -> list[dict[str, Any]]:
                      "unsupported": "unsupported", "gone": "gone"}.get(m.state, m.state)
             original, current = m.baseline, m.live
         else:
-            owner = "not touched" if key in live else "unsupported"
+            owner = "not managed" if key in live else "unsupported"
             original, current = live.get(key), live.get(key)
         note = ""
         if (key in deployed and res is not None and not res.deployed_is_baseline and current == deployed[key]
@@ -92,6 +92,8 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
             "trials": {s: sum(1 for t in res.trials if t.status == s) for s in ("ok", "failed", "aborted")},
         }
         doc["progress"]["windows_used"] = res.windows_used
+        if doc["progress"]["trial"] is None:
+            doc["progress"]["trial"] = len(res.trials)
         bp = res.deployed.get("net.core.busy_poll")
         if isinstance(bp, int) and any(k.startswith(("vhost:", "module:kvm")) for k in pol.knobs):
             from polltuned.knobs.vhost import recommend_vhost_poll_us
