@@ -1,0 +1,61 @@
+"""The status document in every phase of a real (in-process, simulated-world) daemon, and its text form."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from polltuned.clock import FakeClock
+from polltuned.daemon.render import render_status
+from polltuned.daemon.status import daemon_running, read_status, write_status
+from polltuned.daemon.statusdoc import build_status
+from polltuned.daemon.wiring import build_daemon
+from polltuned.policy.loader import load_policy
+from polltuned.probes.sim import make_fake_host_tree
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_status_in_every_phase(tmp_path: Path) -> None:
+    pol_file = tmp_path / "p.toml"
+    pol_file.write_text(f'include = ["{REPO}/policies/sim-default.toml"]\nname = "st"\n'
+                        "[tuning]\nbudget = 10\n[confirm]\npairs = 3\n[hold]\ninterval_s = 1\n")
+    pol = load_policy(str(pol_file))
+    root = tmp_path / "root"
+    make_fake_host_tree(root, pol.knobs)
+    d = build_daemon(policy=pol, host_root=str(root), state_dir=str(tmp_path / "state"), clock=FakeClock(),
+                     max_rounds=1)
+    seen: dict[str, dict[str, object]] = {}
+    for phase in d.controller.steps():
+        doc = build_status(d, d.controller)
+        json.dumps(doc)  # serialisable in every phase
+        assert doc["phase"] == phase == d.controller.phase
+        assert doc["policy"] == "st"
+        assert {k["key"] for k in doc["knobs"]} == set(pol.knobs)  # type: ignore[union-attr]
+        render_status(doc, running=True, dirty=None)
+        seen.setdefault(phase, doc)
+    for p in ("RECOVER", "BASELINE", "PROPOSE", "APPLY", "MEASURE", "SCORE", "CONFIRM", "ROLLBACK", "STOPPED"):
+        assert p in seen, f"phase {p} never published (saw {sorted(seen)})"
+    # while tuning, originals are the fake tree's defaults and owners are polltuned once touched
+    mid = seen["CONFIRM"]
+    rows = {k["key"]: k for k in mid["knobs"]}  # type: ignore[union-attr]
+    assert rows["net.core.busy_read"]["original"] == 0
+    assert rows["net.core.busy_read"]["owner"].startswith("polltuned")
+    final = seen["STOPPED"]
+    res = final["result"]
+    assert isinstance(res, dict)
+    assert res["confirmation"]["verdict"] in ("significant: deployed", "not deployed: baseline kept")
+    ci = res["confirmation"]["ci"]
+    assert ci[0] is None or ci[0] <= res["confirmation"]["gain"] <= (ci[1] if ci[1] is not None else 1e9)
+    # after ROLLBACK the live values equal the originals again
+    assert all(k["current"] == k["original"] for k in final["knobs"])  # type: ignore[union-attr]
+
+
+def test_status_file_roundtrip_and_not_running(tmp_path: Path) -> None:
+    write_status(tmp_path, {"phase": "HOLD", "policy": "x", "knobs": []})
+    doc = read_status(tmp_path)
+    assert doc is not None and doc["v"] == 1 and doc["phase"] == "HOLD"
+    assert not daemon_running(tmp_path)
+    text = render_status(doc, running=False, dirty=True)
+    assert "not running" in text and "DIRTY" in text and "polltuned rollback" in text
+    assert "clean" in render_status(doc, running=False, dirty=False)
