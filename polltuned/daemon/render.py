@@ -47,9 +47,9 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
             out.append("           undo with: polltuned rollback")
     prog = doc.get("progress") or {}
     if prog:
-        out.append(f"progress:  trial {_fmt(prog.get('trial'))} of {_fmt(prog.get('trials_budget'))}, "
-                   f"windows {_fmt(prog.get('windows_used'))}/{_fmt(prog.get('windows_budget'))}, "
-                   f"round {_fmt(prog.get('round'))}")
+        out.append(f"progress:  trial {_fmt(prog.get('trial'))}, "
+                   f"measurement windows {_fmt(prog.get('windows_used'))} of {_fmt(prog.get('windows_budget'))} "
+                   f"(the budget), tuning round {_fmt(prog.get('round'))}")
     knobs = doc.get("knobs") or []
     if knobs:
         out.append("")
