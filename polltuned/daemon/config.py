@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -23,16 +22,11 @@ class DaemonConfig(BaseModel):
 
 
 def load_config(path: str | Path) -> DaemonConfig:
+    from polltuned.policy.loader import format_validation_error, read_toml
+
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise PolicyError([f"{p}: cannot read: {e.strerror}"]) from e
-    except tomllib.TOMLDecodeError as e:
-        raise PolicyError([f"{p}: not valid TOML: {e}"]) from e
+    data = read_toml(p)
     try:
         return DaemonConfig.model_validate(data)
     except ValidationError as e:
-        from polltuned.policy.loader import format_validation_error
-
         raise PolicyError(format_validation_error(str(p), e)) from None

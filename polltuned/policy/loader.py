@@ -51,18 +51,23 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_toml(path: Path) -> dict[str, Any]:
+    """One TOML file; unreadable or malformed -> PolicyError naming the file."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PolicyError([f"{path}: cannot read: {e.strerror}"]) from e
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError([f"{path}: not valid TOML: {e}"]) from e
+
+
 def _read_toml(path: Path, depth: int, seen: tuple[Path, ...]) -> dict[str, Any]:
     if depth > _MAX_INCLUDE_DEPTH:
         raise PolicyError([f"{path}: include: nested deeper than {_MAX_INCLUDE_DEPTH} levels"])
     rp = path.resolve()
     if rp in seen:
         raise PolicyError([f"{path}: include: cycle through {rp}"])
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise PolicyError([f"{path}: cannot read: {e.strerror}"]) from e
-    except tomllib.TOMLDecodeError as e:
-        raise PolicyError([f"{path}: not valid TOML: {e}"]) from e
+    data = read_toml(path)
     includes = data.get("include", [])
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
         raise PolicyError([f"{path}: include: must be a list of file names (got {includes!r})"])
