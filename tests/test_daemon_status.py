@@ -59,3 +59,27 @@ def test_status_file_roundtrip_and_not_running(tmp_path: Path) -> None:
     text = render_status(doc, running=False, dirty=True)
     assert "not running" in text and "DIRTY" in text and "polltuned rollback" in text
     assert "clean" in render_status(doc, running=False, dirty=False)
+
+
+def test_history_and_report_from_the_study(tmp_path: Path, capsys: object) -> None:
+    from polltuned.cli.main import main
+
+    pol_file = tmp_path / "p.toml"
+    pol_file.write_text(f'include = ["{REPO}/policies/sim-default.toml"]\nname = "hist"\n'
+                        "[tuning]\nbudget = 8\n[confirm]\npairs = 3\n")
+    pol = load_policy(str(pol_file))
+    root = tmp_path / "root"
+    make_fake_host_tree(root, pol.knobs)
+    d = build_daemon(policy=pol, host_root=str(root), state_dir=str(tmp_path / "state"), clock=FakeClock(),
+                     max_rounds=1)
+    for _ in d.controller.steps():
+        pass
+    common = ["--host-root", str(root), "--state-dir", str(tmp_path / "state")]
+    assert main([*common, "history", "--policy", str(pol_file), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+    phases = {w["phase"] for w in out["windows"]}
+    assert out["policy"] == "hist" and "baseline" in phases and "trial" in phases
+    assert all(isinstance(w["config"], dict) for w in out["windows"])
+    png = tmp_path / "r.png"
+    assert main([*common, "report", "--policy", str(pol_file), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
