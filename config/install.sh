@@ -29,6 +29,7 @@ else
   ln -sf "$venv/bin/polltuned" /usr/local/bin/polltuned
   install -d /usr/share/polltuned/policies /etc/polltuned /var/lib/polltuned
   install -m 0644 "$here"/policies/*.toml /usr/share/polltuned/policies/
+  install -m 0644 "$here/README.md" /usr/share/polltuned/README.md
   [ -e /etc/polltuned/polltuned.toml ] || install -m 0644 "$here/config/polltuned.toml" /etc/polltuned/polltuned.toml
   if [ -d /etc/systemd/system ]; then
     install -m 0644 "$here/polltuned.service" /etc/systemd/system/polltuned.service
