@@ -201,3 +201,36 @@ def test_drift_detector_needs_consecutive_windows() -> None:
     assert not d.observe({"x": 10})  # back: streak reset
     assert not d.observe({"x": 30})
     assert d.observe({"x": 30})
+
+
+def test_service_signal_handlers_keep_default_action_in_forked_children(tmp_path: Any) -> None:
+    """pyroute2 forks children for netns sockets and SIGTERMs them: they must die, not set our flags."""
+    import os
+    import signal
+
+    from polltuned.daemon.service import Service
+    from polltuned.host.systemd import Notifier
+
+    act = FakeActuator()
+    c = Controller(policy=_policy(), actuator=act, env=FakeEnv([1.0]), make_tuner=lambda p, e: FakeTuner(act, []),
+                   clock=FakeClock())
+    svc = Service(controller=c, notifier=Notifier(environ={}), run_dir=str(tmp_path), clock=FakeClock(),
+                  build_status=lambda ctl: {}, reload_policy=lambda: _policy())
+    old = signal.signal(signal.SIGTERM, svc._on_stop)
+    try:
+        pid = os.fork()
+        if pid == 0:  # child: the inherited handler must re-deliver with the default action (death)
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time_limit = 200
+                while time_limit:
+                    time_limit -= 1
+                    os.sched_yield()
+            finally:
+                os._exit(7)  # reached only if the signal did not kill us
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        svc._on_stop(signal.SIGTERM, None)  # in the owner process it only sets the flag
+        assert svc.flags.stop
+    finally:
+        signal.signal(signal.SIGTERM, old)

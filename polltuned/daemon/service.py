@@ -53,12 +53,24 @@ class Service:
         self.status_interval_s = status_interval_s
         self.flags = _Flags()
         self.lock = InstanceLock(run_dir)
+        self._pid = os.getpid()
+
+    def _foreign(self, signum: int) -> bool:
+        """A forked child (pyroute2 forks one to open netlink sockets inside a named netns and stops it
+        with SIGTERM) inherits these handlers: there the signal must keep its default action."""
+        if os.getpid() == self._pid:
+            return False
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return True
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        self.flags.stop = True
+        if not self._foreign(signum):
+            self.flags.stop = True
 
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
-        self.flags.reload = True
+        if not self._foreign(signum):
+            self.flags.reload = True
 
     def _publish(self) -> None:
         doc = self.build_status(self.controller)
