@@ -12,22 +12,12 @@ from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 
 
-class RandomOptimiser:
-    name = "random"
+class _Bookkeeping:
+    """What both baselines share: observations in a History, best observed, optimiser CPU."""
 
-    def __init__(self, space: Space, baseline: Mapping[str, KnobValue], *, seed: int) -> None:
-        self.space = space
-        self.hist = History(space)
-        self.rng = np.random.default_rng(seed)
-        self._cpu = CpuMeter()
-
-    def ask(self, remaining: int | None = None) -> dict[str, KnobValue]:
-        with self._cpu:
-            for _ in range(200):
-                c = self.space.sample_uniform(self.rng, 1)[0]
-                if self.hist.seen(c) == 0:
-                    return c
-            return c
+    space: Space
+    hist: History
+    _cpu: CpuMeter
 
     def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
         with self._cpu:
@@ -44,7 +34,26 @@ class RandomOptimiser:
         return self._cpu.total
 
 
-class GridOptimiser:
+class RandomOptimiser(_Bookkeeping):
+    name = "random"
+
+    def __init__(self, space: Space, baseline: Mapping[str, KnobValue], *, seed: int) -> None:
+        self.space = space
+        self.hist = History(space)
+        self.rng = np.random.default_rng(seed)
+        self._cpu = CpuMeter()
+
+    def ask(self, remaining: int | None = None) -> dict[str, KnobValue]:
+        with self._cpu:
+            for _ in range(200):
+                c = self.space.sample_uniform(self.rng, 1)[0]
+                if self.hist.seen(c) == 0:
+                    return c
+            return c
+
+
+
+class GridOptimiser(_Bookkeeping):
     """Full-factorial grid over ``Space.levels`` per knob, visited in a seeded random order."""
 
     name = "grid"
@@ -77,17 +86,3 @@ class GridOptimiser:
                 if self.hist.seen(c) == 0:
                     return c
             return self.space.sample_uniform(self._rng, 1)[0]
-
-    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
-        with self._cpu:
-            self.hist.add(config, y)
-
-    def tell_failed(self, config: Mapping[str, KnobValue]) -> None:
-        self.hist.failed.add(self.space.key_of(config))
-
-    def best(self) -> Recommendation | None:
-        return self.hist.best_observed()
-
-    @property
-    def cpu_seconds(self) -> float:
-        return self._cpu.total
