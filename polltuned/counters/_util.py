@@ -67,3 +67,15 @@ def cpu_header(tokens: list[str], prefix: str, path: str, lineno: int) -> tuple[
         if ids is not None and ids.size == len(tokens):
             return tuple(ids.tolist())
     return tuple(cpu_id(t, prefix, path, lineno) for t in tokens)
+
+
+def cpu_header_line(lines: list[str], path: str) -> tuple[int, ...]:
+    """The 'CPU0 CPU1 ...' header of /proc/softirqs and /proc/interrupts (first line; one column per CPU
+    the kernel prints), as CPU ids; missing or duplicate columns are ParseErrors on line 1."""
+    header = lines[0].split() if lines else []
+    if not header:
+        raise ParseError(path, 1, "missing 'CPU0 CPU1 ...' header")
+    cpus = cpu_header(header, "CPU", path, 1)
+    if len(set(cpus)) != len(cpus):
+        raise ParseError(path, 1, "duplicate CPU column in header")
+    return cpus

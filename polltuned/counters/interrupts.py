@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from polltuned.counters._util import cpu_header
+from polltuned.counters._util import cpu_header_line
 from polltuned.errors import ParseError
 
 PATH = "/proc/interrupts"
@@ -57,12 +57,7 @@ class InterruptsRecord:
 
 def parse_interrupts(text: str, path: str = PATH) -> InterruptsRecord:
     lines = text.split("\n")
-    header = lines[0].split() if lines else []
-    if not header:
-        raise ParseError(path, 1, "missing 'CPU0 CPU1 ...' header")
-    cpus = cpu_header(header, "CPU", path, 1)
-    if len(set(cpus)) != len(cpus):
-        raise ParseError(path, 1, "duplicate CPU column in header")
+    cpus = cpu_header_line(lines, path)
     n = len(cpus)
     rows: dict[str, IrqRow] = {}
     for lineno, line in enumerate(lines[1:], 2):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from polltuned.counters._util import cpu_header, int_block, uints
+from polltuned.counters._util import cpu_header_line, int_block, uints
 from polltuned.errors import ParseError
 
 if TYPE_CHECKING:
@@ -69,12 +69,7 @@ def _record(cpus: tuple[int, ...], names: list[str], rows: object) -> SoftirqsRe
 
 def parse_softirqs(text: str, path: str = PATH) -> SoftirqsRecord:
     lines = text.split("\n")
-    header = lines[0].split() if lines else []
-    if not header:
-        raise ParseError(path, 1, "missing 'CPU0 CPU1 ...' header")
-    cpus = cpu_header(header, "CPU", path, 1)
-    if len(set(cpus)) != len(cpus):
-        raise ParseError(path, 1, "duplicate CPU column in header")
+    cpus = cpu_header_line(lines, path)
     n = len(cpus)
     body = [(i, ln) for i, ln in enumerate(lines[1:], 2) if ln.strip()]
     named = [(i, *_name(ln, i, path)) for i, ln in body]
