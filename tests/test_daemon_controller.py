@@ -234,3 +234,33 @@ def test_service_signal_handlers_keep_default_action_in_forked_children(tmp_path
         assert svc.flags.stop
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+class NoBaselineTuner(FakeTuner):
+    """A round whose baseline could not be measured (the service had no traffic yet)."""
+
+    def run(self) -> Iterator[Ev]:
+        yield Ev("BASELINE", "baseline window failed")
+        self._result = type("R", (), {"baseline_value": float("nan")})()
+
+
+def test_hold_retunes_when_the_probe_starts_working_after_a_failed_baseline() -> None:
+    act = FakeActuator()
+    made: list[str] = []
+
+    class FlakyEnv(FakeEnv):
+        def measure(self, window_index: int) -> Window:
+            self.calls += 1
+            if self.calls <= 3:
+                return Window.failed("no traffic yet")
+            return Window(ok=True, latency={"p99": 100.0}, cpu_cores=0.1)
+
+    def make(p: Policy, e: Any) -> FakeTuner:
+        made.append("x")
+        return NoBaselineTuner(act, []) if len(made) == 1 else FakeTuner(act, ["APPLY"])
+
+    env = FlakyEnv([1.0])
+    c = Controller(policy=_policy(), actuator=act, env=env, make_tuner=make, clock=FakeClock(), max_rounds=2)
+    list(c.steps())
+    assert len(made) == 2, "the daemon never retried after the probe started working"
+    assert env.calls == 3 + 2  # three failed windows, then drift_windows (2) usable ones

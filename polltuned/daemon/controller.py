@@ -244,6 +244,9 @@ class Controller:
         self.hold = {"windows": 0, "drift_streak": 0}
         yield self.phase
         i = 0
+        usable = 0
+        bv = getattr(self.result, "baseline_value", None)
+        no_baseline = self.result is None or (isinstance(bv, float) and not math.isfinite(bv))
         while not self._stop and self._pending_policy is None:
             # sleep in slices so the service can ping the watchdog and react to signals
             remaining = hp.interval_s
@@ -270,6 +273,13 @@ class Controller:
                 except PolltunedError as e:
                     log.warning("HOLD: counters unavailable: %s", e.message)
             i += 1
+            if no_baseline and w.ok:
+                # the last round could not measure a baseline (no traffic yet): tune once the probe works
+                usable += 1
+                if usable >= hp.drift_windows:
+                    self._set(HOLD, f"probe works again for {usable} windows: tuning (the last round had no baseline)")
+                    yield self.phase
+                    return True
             stat = w.stat(self.policy.objective.statistic) if w.ok else None
             if stat is not None:
                 signals["latency_us"] = stat
