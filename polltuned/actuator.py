@@ -151,7 +151,7 @@ class Actuator:
             if not av.present:
                 raise KnobUnsupported(f"{key}: {av.reason}")
             for w in av.warnings:
-                log.warning("%s: %s", key, w)
+                log.warning("%s: %s", key, w, extra={"knob": key})
             if not av.writable:
                 raise PermissionNeeded(f"{key}: {av.reason}") if "root" in av.reason or "CAP_" in av.reason \
                     else KnobUnsupported(f"{key}: {av.reason}")
@@ -174,7 +174,7 @@ class Actuator:
                 prev = st.knobs.get(key)
                 if prev is not None and prev.released:
                     skipped.append(key)
-                    log.warning("%s: released (changed by the admin); not writing it", key)
+                    log.warning("%s: released (changed by the admin); not writing it", key, extra={"knob": key})
                 else:
                     todo.append(key)
             # 3. epoch and baselines, all durable before the first write
@@ -234,7 +234,9 @@ class Actuator:
                     self.journal.append("observed", key=key, value=live, txn=txn)
             self.journal.append("txn-end", txn=txn, ok=True)
         for c in changes:
-            log.info("%s: %r -> %r%s", c.key, c.before, c.after, f" ({reason})" if reason else "")
+            # unchanged knobs are rewritten on every trial (the assignment is whole): only real changes at info
+            log.log(logging.INFO if c.before != c.after else logging.DEBUG, "%s: %r -> %r%s", c.key, c.before,
+                    c.after, f" ({reason})" if reason else "", extra={"knob": c.key})
         return ApplyResult(txn, tuple(changes), tuple(skipped), tuple(released_now))
 
     def _undo(self, knobs: Mapping[str, Knob], touched: list[str], pre: Mapping[str, JsonValue],
@@ -247,7 +249,7 @@ class Actuator:
                     k.restore(pre[key])
                 self.journal.append("undone", key=key, value=k.read(), txn=txn)
             except Exception as e:  # keep undoing the others; rollback will retry from the baseline
-                log.error("%s: undo failed: %s", key, e)
+                log.error("%s: undo failed: %s", key, e, extra={"knob": key})
                 failures.append(key)
         return failures
 
@@ -265,7 +267,7 @@ class Actuator:
             return False
         self.journal.append("released", key=key, live=live, expected=h.last_value)
         log.warning("%s: changed outside polltuned (%r, polltuned left %r): released, admin wins",
-                    key, live, h.last_value)
+                    key, live, h.last_value, extra={"knob": key})
         return True
 
     # -- rollback -----------------------------------------------------------------------------
@@ -303,7 +305,7 @@ class Actuator:
             self.journal.append("gone", key=key, detail=e.message)
             return RollbackItem(key, "gone", None, e.message)
         except ParseError as e:  # unreadable live value: nobody chose it; put the baseline back
-            log.warning("%s: live value unreadable (%s); restoring the baseline", key, e.message)
+            log.warning("%s: live value unreadable (%s); restoring the baseline", key, e.message, extra={"knob": key})
             return None
         except PolltunedError as e:
             return RollbackItem(key, "failed", None, e.message)
@@ -311,7 +313,7 @@ class Actuator:
         # its write and its journal record): restore it fully (composite knobs may be half done)
         if h.settled and not _same(live, h.last_value) and not _same(live, h.baseline_value):
             self.journal.append("released", key=key, live=live, expected=h.last_value)
-            log.warning("%s: changed outside polltuned (%r); rollback leaves it", key, live)
+            log.warning("%s: changed outside polltuned (%r); rollback leaves it", key, live, extra={"knob": key})
             return RollbackItem(key, "released", live, "changed by the admin; left alone")
         return None
 
@@ -335,7 +337,7 @@ class Actuator:
         except PolltunedError as e:
             return RollbackItem(key, "failed", None, e.message)
         self.journal.append("restored", key=key, value=h.baseline_value)
-        log.info("%s: restored %r", key, h.baseline_value)
+        log.info("%s: restored %r", key, h.baseline_value, extra={"knob": key})
         return RollbackItem(key, "restored", h.baseline_value)
 
     # -- verify / status ---------------------------------------------------------------------
@@ -369,7 +371,8 @@ class Actuator:
             return VerifyRow(key, "kernel-reset", h.last_value, live, h.baseline_value,
                              "back at its original value (device reset or re-created)")
         self.journal.append("released", key=key, live=live, expected=h.last_value)
-        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released", key, live, h.last_value)
+        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released", key, live, h.last_value,
+                    extra={"knob": key})
         return VerifyRow(key, "admin-changed", h.last_value, live, h.baseline_value,
                          "changed outside polltuned: released (admin wins)")
 
