@@ -9,22 +9,29 @@ from polltuned.clock import FakeClock
 from polltuned.daemon.render import render_status
 from polltuned.daemon.status import daemon_running, read_status, write_status
 from polltuned.daemon.statusdoc import build_status
-from polltuned.daemon.wiring import build_daemon
+from polltuned.daemon.wiring import Daemon, build_daemon
 from polltuned.policy.loader import load_policy
 from polltuned.probes.sim import make_fake_host_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_status_in_every_phase(tmp_path: Path) -> None:
+def _sim_daemon(tmp_path: Path, name: str, budget: int) -> tuple[Path, Path, Daemon]:
+    """(policy file, fake host root, daemon) for a short simulated run, one tuning round."""
     pol_file = tmp_path / "p.toml"
-    pol_file.write_text(f'include = ["{REPO}/policies/sim-default.toml"]\nname = "st"\n'
-                        "[tuning]\nbudget = 10\n[confirm]\npairs = 3\n[hold]\ninterval_s = 1\n")
+    pol_file.write_text(f'include = ["{REPO}/policies/sim-default.toml"]\nname = "{name}"\n'
+                        f"[tuning]\nbudget = {budget}\n[confirm]\npairs = 3\n[hold]\ninterval_s = 1\n")
     pol = load_policy(str(pol_file))
     root = tmp_path / "root"
     make_fake_host_tree(root, pol.knobs)
     d = build_daemon(policy=pol, host_root=str(root), state_dir=str(tmp_path / "state"), clock=FakeClock(),
                      max_rounds=1)
+    return pol_file, root, d
+
+
+def test_status_in_every_phase(tmp_path: Path) -> None:
+    _, _, d = _sim_daemon(tmp_path, "st", 10)
+    pol = d.policy
     seen: dict[str, dict[str, object]] = {}
     for phase in d.controller.steps():
         doc = build_status(d, d.controller)
@@ -64,14 +71,7 @@ def test_status_file_roundtrip_and_not_running(tmp_path: Path) -> None:
 def test_history_and_report_from_the_study(tmp_path: Path, capsys: object) -> None:
     from polltuned.cli.main import main
 
-    pol_file = tmp_path / "p.toml"
-    pol_file.write_text(f'include = ["{REPO}/policies/sim-default.toml"]\nname = "hist"\n'
-                        "[tuning]\nbudget = 8\n[confirm]\npairs = 3\n")
-    pol = load_policy(str(pol_file))
-    root = tmp_path / "root"
-    make_fake_host_tree(root, pol.knobs)
-    d = build_daemon(policy=pol, host_root=str(root), state_dir=str(tmp_path / "state"), clock=FakeClock(),
-                     max_rounds=1)
+    pol_file, root, d = _sim_daemon(tmp_path, "hist", 8)
     for _ in d.controller.steps():
         pass
     common = ["--host-root", str(root), "--state-dir", str(tmp_path / "state")]

@@ -140,31 +140,26 @@ class GenlNetdev:
     def _classes(self) -> tuple[Any, Any]:
         from pyroute2.netlink import genlmsg
 
-        class napi_reply(genlmsg):  # type: ignore[misc]
-            nla_map = (
+        def napi_attrs(timeout_type: str) -> tuple[tuple[str, str], ...]:
+            # replies carry the 64-bit timeouts as NLA_UINT (4 or 8 bytes: decoded by hand from cdata);
+            # requests send them as u64, which the kernel accepts
+            return (
                 ("NETDEV_A_NAPI_UNSPEC", "none"),
                 ("NETDEV_A_NAPI_IFINDEX", "uint32"),
                 ("NETDEV_A_NAPI_ID", "uint32"),
                 ("NETDEV_A_NAPI_IRQ", "uint32"),
                 ("NETDEV_A_NAPI_PID", "uint32"),
                 ("NETDEV_A_NAPI_DEFER_HARD_IRQS", "uint32"),
-                ("NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT", "cdata"),
-                ("NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT", "cdata"),
+                ("NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT", timeout_type),
+                ("NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT", timeout_type),
                 ("NETDEV_A_NAPI_THREADED", "uint32"),
             )
 
+        class napi_reply(genlmsg):  # type: ignore[misc]
+            nla_map = napi_attrs("cdata")
+
         class napi_request(genlmsg):  # type: ignore[misc]
-            nla_map = (
-                ("NETDEV_A_NAPI_UNSPEC", "none"),
-                ("NETDEV_A_NAPI_IFINDEX", "uint32"),
-                ("NETDEV_A_NAPI_ID", "uint32"),
-                ("NETDEV_A_NAPI_IRQ", "uint32"),
-                ("NETDEV_A_NAPI_PID", "uint32"),
-                ("NETDEV_A_NAPI_DEFER_HARD_IRQS", "uint32"),
-                ("NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT", "uint64"),
-                ("NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT", "uint64"),
-                ("NETDEV_A_NAPI_THREADED", "uint32"),
-            )
+            nla_map = napi_attrs("uint64")
 
         return napi_reply, napi_request
 
