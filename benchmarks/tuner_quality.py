@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from polltuned.clock import FakeClock  # noqa: E402
+from polltuned.engine.tuner import Tuner  # noqa: E402
 from polltuned.objective import value_of  # noqa: E402
 from polltuned.optimiser import make_optimiser  # noqa: E402
 from polltuned.optimiser.space import Space  # noqa: E402
@@ -53,7 +54,6 @@ from polltuned.policy.loader import load_policy  # noqa: E402
 from polltuned.policy.schema import Policy  # noqa: E402
 from polltuned.records import KnobValue  # noqa: E402
 from polltuned.study import Study  # noqa: E402
-from polltuned.tuner import Tuner  # noqa: E402
 from polltuned.worlds.env import ScenarioEnv, default_config  # noqa: E402
 from polltuned.worlds.scenario import Scenario, load_scenario, shipped_dir  # noqa: E402
 

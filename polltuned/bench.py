@@ -35,12 +35,12 @@ from types import FrameType
 from typing import IO, Any
 
 from polltuned.clock import Clock
+from polltuned.engine.env import TrialEnv
 from polltuned.errors import HostError, PolltunedError
 from polltuned.host.fs import Host
 from polltuned.objective import score
 from polltuned.policy.schema import Objective
 from polltuned.records import Config, KnobValue, Window
-from polltuned.trial import TrialEnv
 
 log = logging.getLogger("polltuned.bench")
 
@@ -353,19 +353,6 @@ class BenchSettings:
     report: Path | None = None
 
 
-def supported_knobs(actuator: Any, keys: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """Keys the actuator can read on this host, and the others with the reason."""
-    ok: list[str] = []
-    dropped: dict[str, str] = {}
-    for k in keys:
-        try:
-            actuator.read([k])
-            ok.append(k)
-        except PolltunedError as e:
-            dropped[k] = e.message
-    return ok, dropped
-
-
 def recover(state_dir: Path, *, host: Host, clock: Clock,
             progress: Callable[[str], None] = lambda s: None) -> tuple[bool, list[str]]:
     """Undo what a crashed bench left: roll back its journal (every knob it changed) while the
@@ -393,13 +380,11 @@ def recover(state_dir: Path, *, host: Host, clock: Clock,
 def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
               progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     """The whole bench on the real host. Needs root; hold /tmp/polltuned-realkernel.lock around it."""
-    from polltuned.actuator import Actuator
+    from polltuned.engine.builder import build_actuator, build_tuner, prepare_policy
     from polltuned.host.exec import SubprocessRunner
-    from polltuned.journal import Journal
     from polltuned.policy.loader import load_policy
     from polltuned.probes.factory import make_probe
     from polltuned.study import Study
-    from polltuned.tuner import Tuner
     from polltuned.worlds.default import DefaultWorld, get_workload
 
     t_start = clock.monotonic()
@@ -407,7 +392,6 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
     runner = SubprocessRunner()
     state_dir = Path(settings.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    journal = Journal(state_dir, clock=clock)
     ncpus = max(1, len(host.glob("/sys/devices/system/cpu", "cpu[0-9]*")))
     world = DefaultWorld(host, runner, clock, state_dir, workload=workload, ncpus=ncpus)
     policy = load_policy(settings.policy, nic=world.config.nic)
@@ -435,15 +419,13 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
     with signals_raise():
         try:
             recover(state_dir, host=host, clock=clock, progress=progress)
-            actuator = Actuator(host, journal, clock=clock)
+            actuator = build_actuator(host, state_dir, policy, clock)
             progress(f"creating the world ({workload.name}: {workload.description})")
             world.setup()
-            keys, dropped = supported_knobs(actuator, list(policy.knobs))
+            prepared, dropped = prepare_policy(policy.model_copy(update={"probe": probe_cfg}), actuator)
             for k, why in dropped.items():
-                progress(f"knob {k} not available here, dropped: {why}")
-            knobs = {k: v for k, v in policy.knobs.items() if k in keys}
-            knobs = {k: v.model_copy(update={"requires_nonzero": [d for d in v.requires_nonzero if d in knobs]})
-                     for k, v in knobs.items()}
+                progress(f"knob {k} dropped: {why}")
+            knobs = prepared.knobs
             upd: dict[str, object] = {"knobs": knobs, "probe": probe_cfg,
                                       "tuning": policy.tuning.model_copy(update=tuning_upd)}
             if settings.confirm_pairs is not None:
@@ -459,7 +441,7 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
                            workload=workload.name, record=record_fh,
                            foreign=lambda: foreign_cpu_seconds(owner_pid))
             defaults = env.current()
-            tuner = Tuner(policy, env, Study.memory(policy), clock=clock)
+            tuner = build_tuner(policy, env, Study.memory(policy), clock, dropped=dropped)
             for ev in tuner.run():
                 if ev.phase in ("MEASURE", "CONFIRM", "SCORE", "DONE", "ROLLBACK") or (
                         ev.phase == "APPLY"):
@@ -520,7 +502,7 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
 
 def _host_env(policy: Any, actuator: Any, probe: Any, host: Host, clock: Clock) -> TrialEnv:
     from polltuned.counters.sampler import Sampler
-    from polltuned.worlds.env import HostEnv  # type: ignore[import-not-found,unused-ignore]
+    from polltuned.engine.env import HostEnv
 
     sampler = Sampler(host, clock=clock)
     env: TrialEnv = HostEnv(policy, actuator, probe, clock=clock, sampler=sampler)

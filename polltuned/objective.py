@@ -109,3 +109,22 @@ def value_of(measurement: dict[str, float], obj: Objective) -> float:
     if not s.ok:
         return math.inf
     return s.value if s.feasible else math.inf
+
+
+# ---------------------------------------------------------------- score -> model value
+def model_value(j: float, level_log: float) -> float:
+    """What the optimiser is told for one window: the log-ratio of its J to the reference level
+    measured next to it (``level_log`` = log J of the neighbouring baseline windows)."""
+    return math.log(j) - level_log
+
+
+def penalised(y: float, limit: float, *, infeasible: bool) -> float:
+    """A guard abort or a broken constraint, told as a capped bad number: the optimiser must learn
+    the region is bad without one huge value flattening the surrogate (optimisation.md §2.8)."""
+    return min(max(y, limit) + (0.3 if infeasible else 0.0), limit + 1.0)
+
+
+def guard_limit(max_regression: float, window_se: float, z: float = 1.65) -> float:
+    """Log-ratio above which one window shows, beyond its noise, a regression larger than the
+    policy's ``guard.max_regression``: the limit plus ``z`` standard errors of a window's ratio."""
+    return math.log(1.0 + max_regression) + z * window_se

@@ -3,17 +3,20 @@
 One file per policy fingerprint (a hash of the knobs, objective and probe: what makes old numbers
 comparable). Records (every line has ``"v": 1`` and ``"kind"``):
 
-  session  {"session", "fingerprint", "policy", "seed", "started", "baseline": {knob: value}}
-  window   {"session", "trial", "phase": "baseline"|"trial"|"confirm", "config", "window_index",
-            "status": "ok"|"failed"|"aborted"|"infeasible", "value", "y", "score"}
+  session  {"session", "fingerprint", "policy", "seed", "started", "baseline": {knob: value},
+            "host": host fingerprint (optional), "mode": "search"|"resume"|"observe"}
+  window   {"session", "trial", "phase": "baseline"|"trial"|"confirm"|"resume", "config", "index",
+            "status": "ok"|"failed"|"aborted"|"infeasible", "value", "y", "ratio": true, "score"}
   trial    {"session", "trial", "config", "status", "reason", "windows"}
   end      {"session", "result": TuningResult.to_json()}
 
 Each append is one write + fsync; a torn last line (crash mid-write) is ignored on load. A session
-without an ``end`` record is *resumable*: the tuner replays its windows into a fresh optimiser and
-continues where it stopped. A new session with ``tuning.warm_start`` tells the optimiser the
-windows of earlier sessions (their ``y`` is relative to their own baseline, so it stays
-comparable).
+without an ``end`` record is *resumable*: the engine rebuilds its reference series and
+observations from the windows' raw values (``value`` = J, ``index``) and continues where it
+stopped. A new session with ``tuning.warm_start`` tells the optimiser the windows of earlier
+sessions *that had the same baseline configuration*, and only values that are log-ratios to their
+neighbouring reference windows (``"ratio": true``; older files stored a baseline window's raw J in
+``y`` — those are never told).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class WindowRecord:
     config: dict[str, KnobValue]
     status: str
     y: float | None
+    value: float | None = None       # J of the window
+    index: int | None = None         # window index in its session
+    ratio: bool = False              # y is a log-ratio to the neighbouring reference windows
 
 
 @dataclass
@@ -58,6 +64,8 @@ class SessionLog:
     seed: int
     windows: list[WindowRecord] = field(default_factory=list)
     ended: bool = False
+    host: str | None = None
+    result: dict[str, Any] | None = None
 
 
 def parse_study(text: str, source: str = "<study>") -> list[SessionLog]:
@@ -80,17 +88,22 @@ def parse_study(text: str, source: str = "<study>") -> list[SessionLog]:
         kind = rec.get("kind")
         sid = str(rec.get("session"))
         if kind == "session":
-            sessions[sid] = SessionLog(sid, dict(rec.get("baseline") or {}), int(rec.get("seed") or 0))
+            host = rec.get("host")
+            sessions[sid] = SessionLog(sid, dict(rec.get("baseline") or {}), int(rec.get("seed") or 0),
+                                       host=None if host is None else str(host))
             order.append(sid)
         elif sid not in sessions:
             continue
         elif kind == "window":
-            y = rec.get("y")
-            sessions[sid].windows.append(WindowRecord(int(rec.get("trial", -1)), str(rec.get("phase")),
-                                                      dict(rec.get("config") or {}), str(rec.get("status")),
-                                                      None if y is None else float(y)))
+            y, v, ix = rec.get("y"), rec.get("value"), rec.get("index")
+            sessions[sid].windows.append(WindowRecord(
+                int(rec.get("trial", -1)), str(rec.get("phase")), dict(rec.get("config") or {}),
+                str(rec.get("status")), None if y is None else float(y), None if v is None else float(v),
+                None if ix is None else int(ix), bool(rec.get("ratio", False))))
         elif kind == "end":
             sessions[sid].ended = True
+            res = rec.get("result")
+            sessions[sid].result = dict(res) if isinstance(res, dict) else None
     return [sessions[s] for s in order]
 
 
@@ -138,13 +151,38 @@ class Study:
         s = self.sessions()
         return s[-1] if s and not s[-1].ended else None
 
-    def prior_observations(self, limit_sessions: int = 5) -> list[tuple[dict[str, KnobValue], float]]:
+    def prior_observations(self, baseline: Mapping[str, KnobValue] | None = None,
+                           limit_sessions: int = 5) -> list[tuple[dict[str, KnobValue], float]]:
+        """Told values of earlier finished sessions: log-ratios only (``ratio`` windows, or trial
+        windows, which were always log-ratios), and only from sessions that started from the same
+        baseline configuration (``baseline``; None = any)."""
         out: list[tuple[dict[str, KnobValue], float]] = []
-        for s in [s for s in self.sessions() if s.ended][-limit_sessions:]:
+        ended = [s for s in self.sessions() if s.ended]
+        if baseline is not None:
+            want = {k: str(v) for k, v in baseline.items()}
+            ended = [s for s in ended if {k: str(s.baseline.get(k)) for k in want} == want]
+        for s in ended[-limit_sessions:]:
             for w in s.windows:
-                if w.y is not None and w.phase in ("baseline", "trial") and w.status in ("ok", "aborted"):
+                if w.y is None or w.status not in ("ok", "aborted"):
+                    continue
+                if w.phase == "trial" or (w.phase == "baseline" and w.ratio):
                     out.append((w.config, w.y))
         return out
+
+    def confirmed_deployment(self, host: str | None) -> tuple[dict[str, KnobValue], dict[str, KnobValue]] | None:
+        """(baseline, deployed) of the last finished session on this host fingerprint whose
+        confirmation deployed a change; None when there is none (or the last one kept the baseline)."""
+        for s in reversed(self.sessions()):
+            if not s.ended or s.result is None or s.host is None or s.host != host:
+                continue
+            res = s.result
+            conf = res.get("confirmation")
+            dep = res.get("deployed")
+            if (res.get("deployed_is_baseline") or not isinstance(dep, dict) or not isinstance(conf, dict)
+                    or not conf.get("deploy")):
+                return None
+            return dict(s.baseline), dict(dep)
+        return None
 
 
 def _default(o: object) -> object:

@@ -11,13 +11,13 @@ import pytest
 from polltuned.actuator import Actuator
 from polltuned.cli.main import main
 from polltuned.clock import FakeClock
+from polltuned.engine.env import HostEnv
 from polltuned.errors import HostError
 from polltuned.host.fs import FsHost
 from polltuned.journal import Journal
 from polltuned.policy.loader import load_policy
 from polltuned.probes.sim import SimProbe, make_fake_host_tree
 from polltuned.records import Window
-from polltuned.worlds.env import HostEnv
 
 
 def test_fake_tree_has_kernel_defaults(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ class FakeSampler:
 
 
 def test_host_env_fills_cpu_from_the_sampler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import polltuned.worlds.env as envmod
+    import polltuned.engine.env as envmod
 
     monkeypatch.setattr(envmod, "_rates", lambda a, b: FakeRates(0.75))
     pol = load_policy("sim-default")

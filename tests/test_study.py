@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from polltuned.clock import FakeClock
+from polltuned.engine.tuner import Tuner
 from polltuned.errors import JournalError
 from polltuned.optimiser import Recommendation
 from polltuned.optimiser.baselines import RandomOptimiser
@@ -17,7 +18,6 @@ from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
 from polltuned.records import KnobValue
 from polltuned.study import Study, fingerprint, parse_study
-from polltuned.tuner import Tuner
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
 
@@ -32,10 +32,15 @@ class SpyOptimiser(RandomOptimiser):
     def __init__(self, space: Space, baseline: Mapping[str, KnobValue], seed: int) -> None:
         super().__init__(space, baseline, seed=seed)
         self.told: list[tuple[dict[str, KnobValue], float]] = []
+        self.retold: list[tuple[dict[str, KnobValue], float]] = []
 
     def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
         self.told.append((dict(config), y))
         super().tell(config, y)
+
+    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]]) -> None:
+        self.retold = [(dict(c), y) for c, y in observations]
+        super().retell(observations)
 
     def best(self) -> Recommendation | None:
         return super().best()
@@ -62,33 +67,61 @@ def test_resume_continues_the_unfinished_session(tmp_path: Path) -> None:
     t2 = Tuner(p, env2, Study.open(tmp_path, p), clock=FakeClock(), optimiser=spy)
     list(t2.run())
     assert t2.result is not None and t2.result.windows_used == 12
-    # only the remaining 6 windows were measured during the search, the baseline was not re-measured
+    # only the remaining 6 windows were measured during the search
     assert len([w for w in t2.trace.windows if w[0] != "confirm"]) == 12 - done_before
-    assert all(c != ("baseline", default_config(p)) for c in t2.trace.windows)
-    assert len(spy.told) >= done_before  # old windows replayed into the fresh optimiser
+    assert t2.trace.windows[0][0] == "trial"  # the baseline phase is not repeated
+    # the old windows were replayed into the fresh optimiser as log-ratios to their references
+    assert len(spy.retold) >= done_before
+    assert all(abs(y) < 5 for _, y in spy.retold)
     s2 = Study.open(tmp_path, p).sessions()
     assert len(s2) == 1 and s2[0].ended and s2[0].session == s[0].session
 
 
-def test_warm_start_tells_earlier_sessions(tmp_path: Path) -> None:
+def test_warm_start_tells_comparable_values_only(tmp_path: Path) -> None:
     p = policy(budget=8)
     sc = load_scenario("epoll_busypoll")
+    base = default_config(p)
     t1 = Tuner(p, ScenarioEnv(p, sc, seed=0), Study.open(tmp_path, p), clock=FakeClock())
     list(t1.run())
+    first_session = Study.open(tmp_path, p).sessions()[0]
+    expected = [(w.config, w.y) for w in first_session.windows
+                if w.y is not None and w.phase in ("baseline", "trial") and w.status in ("ok", "aborted")]
+    assert expected and all(w.ratio for w in first_session.windows if w.phase == "baseline" and w.y is not None)
+    # an old-format session (a baseline window's raw J stored in y) and a session that started from
+    # another baseline are on file too: neither may reach the optimiser
+    other = {**base, "net.core.busy_poll": 50}
+    with open(Study.open(tmp_path, p).path or "", "a", encoding="utf-8") as fh:
+        for rec in ({"kind": "session", "session": "old", "baseline": base, "seed": 0},
+                    {"kind": "window", "session": "old", "trial": -1, "phase": "baseline", "config": base,
+                     "status": "ok", "y": 233.2, "value": 233.2},
+                    {"kind": "window", "session": "old", "trial": 0, "phase": "trial", "config": other,
+                     "status": "ok", "y": -0.19},
+                    {"kind": "end", "session": "old", "result": {}},
+                    {"kind": "session", "session": "elsewhere", "baseline": other, "seed": 0},
+                    {"kind": "window", "session": "elsewhere", "trial": 0, "phase": "trial", "config": base,
+                     "status": "ok", "y": 0.4},
+                    {"kind": "end", "session": "elsewhere", "result": {}}):
+            fh.write(json.dumps({"v": 1, **rec}) + "\n")
     env = ScenarioEnv(p, sc, seed=1)
     spy = SpyOptimiser(Space.from_policy(p), env.current(), seed=1)
     gen = Tuner(p, env, Study.open(tmp_path, p), clock=FakeClock(), optimiser=spy).run()
     first = next(gen)
     assert "warm start" in first.message
-    assert len(spy.told) >= 8  # before a single new window was measured
+    for _ in range(3):  # the first baseline window of the new session: priors are told with it
+        next(gen)
+    told = [(c, y) for c, y in spy.retold]
+    prior = told[: len(expected) + 1]
+    assert [y for _, y in prior] == [y for _, y in expected] + [-0.19]   # exactly these values
+    assert all(y != 233.2 and y != 0.4 for _, y in told)
     gen.close()
 
     cold = policy(budget=8, warm=False)
     spy2 = SpyOptimiser(Space.from_policy(cold), env.current(), seed=1)
     gen2 = Tuner(cold, ScenarioEnv(cold, sc, seed=1), Study.open(tmp_path, cold), clock=FakeClock(),
                  optimiser=spy2).run()
-    next(gen2)
-    assert spy2.told == []
+    for _ in range(3):
+        next(gen2)
+    assert spy2.told == [] and all(c == default_config(cold) for c, _ in spy2.retold)
     gen2.close()
 
 

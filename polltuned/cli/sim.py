@@ -20,11 +20,17 @@ from polltuned.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
     from polltuned.clock import Clock
+    from polltuned.engine.session import TuningResult
     from polltuned.policy.schema import Policy
-    from polltuned.tuner import TuningResult
     from polltuned.worlds.scenario import Scenario
 
 HELP = "tune a simulated scenario with the real engine on a fake kernel tree"
+
+
+def _optimisers() -> list[str]:
+    from polltuned.optimiser import OPTIMISERS
+
+    return list(OPTIMISERS)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, default=None, metavar="N",
                    help="budget in measurement windows (default: the policy's tuning.budget)")
     p.add_argument("--seed", type=int, default=0, help="noise and optimiser seed")
-    p.add_argument("--optimiser", choices=("skopt", "random", "grid"), default=None)
+    p.add_argument("--optimiser", choices=_optimisers(), default=None,
+                   help="override the policy's tuning.optimiser")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--list", action="store_true", help="list the shipped scenarios and exit")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
@@ -104,29 +111,29 @@ def run(args: argparse.Namespace) -> int:
 
 def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, *, seed: int, clock: Clock,
              progress: TextIO | None = None) -> tuple[TuningResult | None, list[dict[str, object]]]:
-    """Build Actuator + Journal + SimProbe + HostEnv on a fake tree and run the Tuner."""
-    from polltuned.actuator import Actuator
+    """Build Actuator + Journal + SimProbe + HostEnv on a fake tree (the engine's one builder) and
+    run the Tuner."""
+    from polltuned.engine.builder import build_actuator, build_env, build_tuner, prepare_policy
+    from polltuned.engine.phases import Phase
     from polltuned.host.fs import FsHost
-    from polltuned.journal import Journal
     from polltuned.probes.sim import SimProbe, make_fake_host_tree
     from polltuned.study import Study
-    from polltuned.tuner import Tuner
-    from polltuned.worlds.env import HostEnv
 
     clk = clock
     make_fake_host_tree(host_root, pol.knobs)
-    state_dir.mkdir(parents=True, exist_ok=True)
     host = FsHost(host_root)
-    journal = Journal(state_dir, clock=clk)
-    actuator = Actuator(host, journal, clock=clk)
+    actuator = build_actuator(host, state_dir, pol, clk)
+    journal = actuator.journal
     probe = SimProbe(host, pol, scenario, seed, clock=clk)
-    env = HostEnv(pol, actuator, probe, clock=clk)
-    tuner = Tuner(pol, env, Study.open(state_dir, pol), clock=clk)
+    pol, dropped = prepare_policy(pol, actuator)
+    env = build_env(pol, actuator, probe, clk)
+    tuner = build_tuner(pol, env, Study.open(state_dir, pol), clk, dropped=dropped)
     events: list[dict[str, object]] = []
     try:
         for ev in tuner.run():
             events.append(ev.to_json())
-            if progress is not None and ev.phase in ("BASELINE", "SCORE", "ROLLBACK", "CONFIRM", "DONE"):
+            if progress is not None and ev.phase in (Phase.BASELINE, Phase.SCORE, Phase.ROLLBACK, Phase.CONFIRM,
+                                                     Phase.RESUME, Phase.OBSERVE, Phase.DONE):
                 print(f"[{ev.phase}] {ev.message}", file=progress)
     finally:
         close = getattr(journal, "close", None)

@@ -4,8 +4,9 @@
                                                                                         |            |
                                                                                    ROLLBACK    drift: re-tune
 
-The search phases (BASELINE … CONFIRM) are the tuning engine's (polltuned.tuner.Tuner), whose
-events the controller relays. The controller adds RECOVER (journal replay and repair before
+The search phases (BASELINE … CONFIRM, RESUME, OBSERVE) are the tuning engine's
+(polltuned.engine.tuner.Tuner): the controller drives its typed events directly (one Phase enum).
+The controller adds RECOVER (journal replay and repair before
 anything else), HOLD (watch the workload, re-tune on drift, warm-started) and the exit path
 (ROLLBACK to the baselines, or keep the deployed configuration, as the policy's on_exit says).
 
@@ -25,35 +26,27 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from polltuned.clock import Clock
+from polltuned.engine.env import TrialEnv
+from polltuned.engine.phases import Event, Phase
+from polltuned.engine.session import TuningResult
 from polltuned.errors import PolltunedError
 from polltuned.policy.schema import Policy
 from polltuned.records import KnobValue, Window
-from polltuned.trial import TrialEnv
 
 log = logging.getLogger("polltuned.daemon")
 
-RECOVER = "RECOVER"
-HOLD = "HOLD"
-ROLLBACK = "ROLLBACK"
-STOPPED = "STOPPED"
-IDLE = "IDLE"
-
-
-class EventLike(Protocol):
-    @property
-    def phase(self) -> str: ...
-    @property
-    def message(self) -> str: ...
-    @property
-    def trial(self) -> int | None: ...
-    def to_json(self) -> dict[str, Any]: ...
+RECOVER = Phase.RECOVER
+HOLD = Phase.HOLD
+ROLLBACK = Phase.ROLLBACK
+STOPPED = Phase.STOPPED
+IDLE = Phase.IDLE
 
 
 class TunerLike(Protocol):
-    def run(self) -> Iterator[Any]: ...
+    def run(self) -> Iterator[Event]: ...
     def request_stop(self) -> None: ...
     @property
-    def result(self) -> Any: ...
+    def result(self) -> TuningResult | None: ...
 
 
 class ActuatorLike(Protocol):
@@ -130,7 +123,7 @@ class Controller:
         self.clock = clock
         self.meter = meter
         self.max_rounds = max_rounds
-        self.phase = IDLE
+        self.phase: Phase = IDLE
         self.message = ""
         self.trial: int | None = None
         self.round = 0
@@ -159,7 +152,7 @@ class Controller:
         return self._stop
 
     # ---- the state machine ----
-    def _set(self, phase: str, message: str = "", trial: int | None = None) -> None:
+    def _set(self, phase: Phase, message: str = "", trial: int | None = None) -> None:
         self.phase = phase
         self.message = message
         self.trial = trial
@@ -223,14 +216,9 @@ class Controller:
             tuner.request_stop()
         try:
             for ev in tuner.run():
-                phase = str(getattr(ev, "phase", self.phase))
-                msg = str(getattr(ev, "message", ""))
-                trial = getattr(ev, "trial", None)
-                self._set(phase, msg, trial)
-                as_json = _jsonable(ev)
-                kind = str(as_json.get("kind", "")) if isinstance(as_json, dict) else ""
-                if "guard" in kind.lower() or "guard" in msg.lower() or phase == ROLLBACK:
-                    self.guard_events.append({"t": self.clock.wall(), "trial": trial, "message": msg})
+                self._set(ev.phase, ev.message, ev.trial)
+                if ev.phase is Phase.ROLLBACK or "guard" in ev.message.lower():
+                    self.guard_events.append({"t": self.clock.wall(), "trial": ev.trial, "message": ev.message})
                 yield self.phase
         finally:
             self._tuner = None

@@ -15,12 +15,11 @@ from typing import Any
 from polltuned.actuator import Actuator
 from polltuned.clock import Clock
 from polltuned.daemon.controller import Controller, TunerLike
+from polltuned.engine.env import TrialEnv
 from polltuned.errors import PolltunedError
 from polltuned.host.fs import FsHost, Host
-from polltuned.journal import Journal
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
-from polltuned.trial import TrialEnv
 
 log = logging.getLogger("polltuned.daemon")
 
@@ -107,40 +106,50 @@ class Daemon:
     state_dir: Path
 
 
-def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, counters: CountersView) -> TrialEnv:
+def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock,
+              counters: CountersView) -> tuple[TrialEnv, Policy, dict[str, str]]:
+    """The policy's probe and a HostEnv over the knobs this host has and the probe can see
+    (the engine's builder decides which: dropped knobs come back with their reasons)."""
+    from polltuned.engine.builder import build_env as engine_env
+    from polltuned.engine.builder import prepare_policy
     from polltuned.probes.factory import make_probe
-    from polltuned.worlds.env import HostEnv
 
-    probe = make_probe(policy.probe, host, clock=clock, policy=policy, seed=policy.tuning.seed)
+    prepared, dropped = prepare_policy(policy, actuator)
+    for key, why in dropped.items():
+        log.warning("knob %s dropped: %s", key, why, extra={"knob": key, "policy": policy.name})
+    probe = make_probe(prepared.probe, host, clock=clock, policy=prepared, seed=prepared.tuning.seed)
     probe.start()
     # the simulated world reports its own CPU; a real probe's window gets CPU from the counters
-    sampler = None if policy.probe.kind == "sim" else counters._sampler
-    return HostEnv(policy, actuator, probe, clock=clock, sampler=sampler, cpus=policy.app_cpus or None)
+    sampler = None if prepared.probe.kind == "sim" else counters._sampler
+    env = engine_env(prepared, actuator, probe, clock, sampler=sampler, cpus=prepared.app_cpus or None)
+    return env, prepared, dropped
 
 
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,
-                 max_rounds: int | None = None) -> Daemon:
-    from polltuned.knobs.registry import KnobRegistry
+                 max_rounds: int | None = None, observe: bool = False) -> Daemon:
+    from polltuned.engine.builder import build_actuator, build_tuner
+    from polltuned.host.identity import host_fingerprint
     from polltuned.study import Study
-    from polltuned.tuner import Tuner
 
     host = FsHost(host_root)
     sd = Path(state_dir)
-    sd.mkdir(parents=True, exist_ok=True)
-    journal = Journal(sd, clock=clock)
-    actuator = Actuator(host, journal, registry=KnobRegistry(host, app_cpus=policy.app_cpus),
-                        app_cpus=policy.app_cpus, clock=clock)
+    actuator = build_actuator(host, sd, policy, clock)
     counters = CountersView(host, clock, nic_device(policy))
-    env = build_env(policy, host, actuator, clock, counters)
-    envs: dict[str, TrialEnv] = {policy.model_dump_json(): env}
+    env, prepared, dropped = build_env(policy, host, actuator, clock, counters)
+    built: dict[str, tuple[TrialEnv, Policy, dict[str, str]]] = {policy.model_dump_json(): (env, prepared, dropped)}
+    rounds = {"n": 0}
 
     def make_tuner(pol: Policy, _env: TrialEnv) -> TunerLike:
         key = pol.model_dump_json()
-        if key not in envs:
-            envs.clear()
-            envs[key] = build_env(pol, host, actuator, clock, counters)
-            controller.env = envs[key]  # HOLD measures under the new policy's probe too
-        return Tuner(pol, envs[key], Study.open(sd, pol), clock=clock)
+        if key not in built:
+            built.clear()
+            built[key] = build_env(pol, host, actuator, clock, counters)
+            controller.env = built[key][0]  # HOLD measures under the new policy's probe too
+        e, prep, drop = built[key]
+        rounds["n"] += 1
+        # the first round of a run may re-apply a confirmed deployment instead of searching again
+        return build_tuner(prep, e, Study.open(sd, prep), clock, host_fingerprint=host_fingerprint(host, prep.nic),
+                           resume=rounds["n"] == 1, observe=observe, dropped=drop)
 
     controller = Controller(policy=policy, actuator=actuator, env=env, make_tuner=make_tuner, clock=clock,
                             meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds)

@@ -41,10 +41,17 @@ MODULE_PARAMS: dict[str, Domain] = {
 
 
 def parse_module_key(key: str) -> tuple[str, str] | None:
-    parts = key.split(":")
-    if len(parts) != 3 or parts[0] != "module" or not parts[1] or not parts[2] or "/" in key:
+    """(module, parameter) of a ``module:NAME:PARAM`` key, None for anything else."""
+    from polltuned.errors import UsageError
+    from polltuned.knobs.keys import KeyKind, parse_key
+
+    try:
+        k = parse_key(key)
+    except UsageError:
         return None
-    return parts[1], parts[2]
+    if k.kind is not KeyKind.MODULE or k.module is None:
+        return None
+    return k.module, k.attr
 
 
 def parse_param_text(text: str) -> KnobValue:

@@ -1,31 +1,19 @@
 """The explicit knob registry: key -> Knob for this host.
 
-Key grammar (kernel vocabulary verbatim, see the policy schema):
-
-==============================  ==========================================================
-``net.core.busy_poll`` ...      sysctls listed in :data:`polltuned.knobs.sysctl.SYSCTLS`
-``DEV:napi_defer_hard_irqs``    per-device sysfs (:data:`polltuned.knobs.netdev.SYSFS_ATTRS`)
-``DEV:napi:gro-flush-timeout``  per-NAPI netlink (:data:`polltuned.knobs.netdev.NAPI_ATTRS`)
-``DEV:irq_affinity``            IRQ affinity strategy (:mod:`polltuned.knobs.irq`)
-``DEV:coalesce:rx-usecs``       ethtool coalescing (:data:`polltuned.knobs.coalesce.COALESCE_PARAMS`)
-``module:NAME:PARAM``           writable module parameter (:mod:`polltuned.knobs.modparam`)
-``vhost:affinity``              CPU affinity of vhost-* worker threads (:mod:`polltuned.knobs.vhost`)
-==============================  ==========================================================
-
-DEV is ``eth0`` or ``NETNS/DEV``.
+Keys are parsed by :func:`polltuned.knobs.keys.parse_key` (the grammar is documented there).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from polltuned.errors import UsageError
 from polltuned.host.fs import Host
 from polltuned.host.netdev_genl import FileNetdev, GenlNetdev, NapiSetCaps, NetdevApi
 from polltuned.knobs.base import Knob
 from polltuned.knobs.coalesce import COALESCE_PARAMS, CoalesceKnob
 from polltuned.knobs.irq import IrqAffinityKnob
-from polltuned.knobs.modparam import MODULE_PARAMS, ModuleParamKnob, parse_module_key
+from polltuned.knobs.keys import KeyKind, parse_key
+from polltuned.knobs.modparam import MODULE_PARAMS, ModuleParamKnob
 from polltuned.knobs.netdev import NAPI_ATTRS, SYSFS_ATTRS, Device, DeviceRef, NapiKnob, SysfsDevKnob
 from polltuned.knobs.sysctl import SYSCTLS, SysctlKnob
 from polltuned.knobs.vhost import VHOST_AFFINITY_KEY, VhostAffinityKnob
@@ -69,34 +57,23 @@ class KnobRegistry:
         return k
 
     def _build(self, key: str) -> Knob:
-        if key in SYSCTLS:
+        k = parse_key(key)
+        if k.kind is KeyKind.SYSCTL:
             return SysctlKnob(self.host, SYSCTLS[key])
-        if key.startswith("module:"):
-            if parse_module_key(key) is None:
-                raise UsageError(f"{key}: module parameter keys are module:NAME:PARAM", code="knob-unknown")
+        if k.kind is KeyKind.MODULE:
             return ModuleParamKnob(self.host, key)
-        if key == VHOST_AFFINITY_KEY:
+        if k.kind is KeyKind.VHOST:
             return VhostAffinityKnob(self.host, self.app_cpus)
-        dev_part, sep, rest = key.partition(":")
-        ref = DeviceRef.parse(dev_part) if sep else None
-        if ref is None:
-            raise UsageError(f"{key}: unknown knob (see `polltuned check` for the keys of this host)",
-                             code="knob-unknown")
-        dev = self.device(ref)
-        if rest in SYSFS_ATTRS:
-            return SysfsDevKnob(dev, rest)
-        if rest == "irq_affinity":
-            if ref.netns is not None:
-                raise UsageError(f"{key}: IRQ affinity applies to physical devices of the host netns",
-                                 code="knob-unknown")
+        assert k.device is not None
+        ref = DeviceRef(k.netns, k.devname or "")
+        if k.kind is KeyKind.IRQ_AFFINITY:
             return IrqAffinityKnob(self.host, ref.name, self.app_cpus)
-        sub, _, attr = rest.partition(":")
-        if sub == "napi" and attr in NAPI_ATTRS:
-            return NapiKnob(dev, attr)
-        if sub == "coalesce" and attr in COALESCE_PARAMS:
-            return CoalesceKnob(self.host, ref, attr)
-        raise UsageError(f"{key}: unknown knob (see `polltuned check` for the keys of this host)",
-                         code="knob-unknown")
+        dev = self.device(ref)
+        if k.kind is KeyKind.SYSFS:
+            return SysfsDevKnob(dev, k.attr)
+        if k.kind is KeyKind.NAPI:
+            return NapiKnob(dev, k.attr)
+        return CoalesceKnob(self.host, ref, k.attr)
 
     # -- enumeration for `polltuned check` -----------------------------------------------------
     def host_devices(self) -> list[str]:

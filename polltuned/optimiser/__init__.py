@@ -1,12 +1,15 @@
-"""Optimisers: the Optimiser protocol, a shared observation history, and the backend registry.
+"""Optimisers: the Optimiser protocol, a shared observation history, and the one registry.
 
-Every optimiser sees the objective as ``y = log(J / J_baseline)`` (lower is better, 0 = as good
-as the host was), one observation per measurement window. Failed windows are never told: they go
-to ``tell_failed`` so the configuration is not proposed again.
+Every optimiser sees the objective as ``y = log(J / level)`` (lower is better, 0 = as good as the
+baseline measured next to it, see polltuned.engine.reference), one observation per measurement
+window. Failed windows are never told as numbers: they go to ``tell_failed`` so the configuration
+is not proposed again. Because a window's reference level is revised when the next reference
+window arrives, the engine may replace every observation at once with ``retell``.
 
-Backends (explicit registry, heavy imports lazy):
-  * ``skopt``  — scikit-optimize GP (Matern 5/2 ARD + white noise) with domain seeds, a trust region
-    around the host's current values that grows on success, a safety filter and noise-aware EI;
+The registry :data:`OPTIMISERS` (name -> factory, heavy imports lazy) is the only list of
+optimisers: the policy schema validates ``tuning.optimiser`` against it and the CLI offers its keys.
+  * ``skopt``  — scikit-optimize GP: space-filling start over the whole space, trust regions that
+    restart, global candidates in every acquisition, a safety filter on the model's upper bound;
   * ``random`` — uniform random search over the same encoded space (a baseline);
   * ``grid``   — a shuffled full-factorial grid over a few levels per knob (a baseline).
 """
@@ -14,7 +17,7 @@ Backends (explicit registry, heavy imports lazy):
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,12 +39,21 @@ class Recommendation:
 class Optimiser(Protocol):
     name: str
 
-    def ask(self, remaining: int | None = None) -> dict[str, KnobValue]:
-        """Next configuration to try; ``remaining`` = windows left in the budget (a hint)."""
+    def ask(self, remaining: int | None = None,
+            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
+        """Next configuration to try. ``remaining``: windows left in the budget (a hint);
+        ``pending``: configurations being measured elsewhere right now (not to be proposed again)."""
         ...
     def tell(self, config: Mapping[str, KnobValue], y: float) -> None: ...
+    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]]) -> None:
+        """Replace every observation (the engine revised the windows' reference levels)."""
+        ...
     def tell_failed(self, config: Mapping[str, KnobValue]) -> None: ...
+    def set_noise(self, sd: float) -> None:
+        """The measured window-to-window standard deviation of y (from the reference windows)."""
+        ...
     def best(self) -> Recommendation | None: ...
+    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]: ...
     @property
     def cpu_seconds(self) -> float: ...
 
@@ -73,6 +85,10 @@ class History:
         self.order.append((k, float(y)))
         return k
 
+    def reset(self) -> None:
+        self.entries.clear()
+        self.order.clear()
+
     def seen(self, config: Mapping[str, KnobValue]) -> int:
         k = self.space.key_of(config)
         e = self.entries.get(k)
@@ -81,6 +97,7 @@ class History:
     def best_observed(self) -> Recommendation | None:
         if not self.entries:
             return None
+
         # mean of log-ratios; a config seen once is shrunk slightly towards 0 (no better than baseline)
         def score(e: _Entry) -> float:
             m = float(np.mean(e.ys))
@@ -111,20 +128,69 @@ class CpuMeter:
             self.total += time.process_time() - self._t0
 
 
+class HistoryBookkeeping:
+    """What every backend shares: observations in a History, retell, failures, optimiser CPU."""
+
+    space: Space
+    hist: History
+    _cpu: CpuMeter
+
+    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
+        with self._cpu:
+            self.hist.add(config, y)
+
+    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]]) -> None:
+        with self._cpu:
+            self.hist.reset()
+            for c, y in observations:
+                self.hist.add(c, y)
+
+    def tell_failed(self, config: Mapping[str, KnobValue]) -> None:
+        self.hist.failed.add(self.space.key_of(config))
+
+    def set_noise(self, sd: float) -> None:
+        return None
+
+    def best(self) -> Recommendation | None:
+        return self.hist.best_observed()
+
+    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
+        return dict(config)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self._cpu.total
+
+
+Factory = Callable[..., Optimiser]
+
+
+def _skopt(space: Space, baseline: Mapping[str, KnobValue], *, seed: int, initial_points: int,
+           safety_limit: float | None) -> Optimiser:
+    from polltuned.optimiser.skopt_backend import SkoptOptimiser
+    return SkoptOptimiser(space, baseline, seed=seed, initial_points=initial_points, safety_limit=safety_limit)
+
+
+def _random(space: Space, baseline: Mapping[str, KnobValue], *, seed: int, initial_points: int,
+            safety_limit: float | None) -> Optimiser:
+    from polltuned.optimiser.baselines import RandomOptimiser
+    return RandomOptimiser(space, baseline, seed=seed)
+
+
+def _grid(space: Space, baseline: Mapping[str, KnobValue], *, seed: int, initial_points: int,
+          safety_limit: float | None) -> Optimiser:
+    from polltuned.optimiser.baselines import GridOptimiser
+    return GridOptimiser(space, baseline, seed=seed)
+
+
+#: the one list of optimisers (policy schema and CLI derive their choices from it)
+OPTIMISERS: dict[str, Factory] = {"skopt": _skopt, "random": _random, "grid": _grid}
+
+
 def make_optimiser(name: str, space: Space, baseline: Mapping[str, KnobValue], *, seed: int,
                    initial_points: int = 6, safety_limit: float | None = None) -> Optimiser:
     """Build a backend by name (explicit registry)."""
-    if name == "skopt":
-        from polltuned.optimiser.skopt_backend import SkoptOptimiser
-        return SkoptOptimiser(space, baseline, seed=seed, initial_points=initial_points,
-                              safety_limit=safety_limit)
-    if name == "random":
-        from polltuned.optimiser.baselines import RandomOptimiser
-        return RandomOptimiser(space, baseline, seed=seed)
-    if name == "grid":
-        from polltuned.optimiser.baselines import GridOptimiser
-        return GridOptimiser(space, baseline, seed=seed)
-    raise UsageError(f"tuning.optimiser: unknown optimiser {name!r} (choose skopt, random or grid)")
-
-
-OPTIMISERS = ("skopt", "random", "grid")
+    factory = OPTIMISERS.get(name)
+    if factory is None:
+        raise UsageError(f"tuning.optimiser: unknown optimiser {name!r} (choose {', '.join(OPTIMISERS)})")
+    return factory(space, baseline, seed=seed, initial_points=initial_points, safety_limit=safety_limit)

@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from polltuned.optimiser import CpuMeter, History, Recommendation
+from polltuned.optimiser import CpuMeter, History, HistoryBookkeeping
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 
 
-class _Bookkeeping:
-    """What both baselines share: observations in a History, best observed, optimiser CPU."""
-
-    space: Space
-    hist: History
-    _cpu: CpuMeter
-
-    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
-        with self._cpu:
-            self.hist.add(config, y)
-
-    def tell_failed(self, config: Mapping[str, KnobValue]) -> None:
-        self.hist.failed.add(self.space.key_of(config))
-
-    def best(self) -> Recommendation | None:
-        return self.hist.best_observed()
-
-    @property
-    def cpu_seconds(self) -> float:
-        return self._cpu.total
-
-
-class RandomOptimiser(_Bookkeeping):
+class RandomOptimiser(HistoryBookkeeping):
     name = "random"
 
     def __init__(self, space: Space, baseline: Mapping[str, KnobValue], *, seed: int) -> None:
@@ -43,17 +21,18 @@ class RandomOptimiser(_Bookkeeping):
         self.rng = np.random.default_rng(seed)
         self._cpu = CpuMeter()
 
-    def ask(self, remaining: int | None = None) -> dict[str, KnobValue]:
+    def ask(self, remaining: int | None = None,
+            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
+        busy = {self.space.key_of(p) for p in pending}
         with self._cpu:
             for _ in range(200):
                 c = self.space.sample_uniform(self.rng, 1)[0]
-                if self.hist.seen(c) == 0:
+                if self.hist.seen(c) == 0 and self.space.key_of(c) not in busy:
                     return c
             return c
 
 
-
-class GridOptimiser(_Bookkeeping):
+class GridOptimiser(HistoryBookkeeping):
     """Full-factorial grid over ``Space.levels`` per knob, visited in a seeded random order."""
 
     name = "grid"
@@ -78,11 +57,13 @@ class GridOptimiser(_Bookkeeping):
         self._pos = 0
         self._rng = rng
 
-    def ask(self, remaining: int | None = None) -> dict[str, KnobValue]:
+    def ask(self, remaining: int | None = None,
+            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
+        busy = {self.space.key_of(p) for p in pending}
         with self._cpu:
             while self._pos < len(self._queue):
                 c = self._queue[self._pos]
                 self._pos += 1
-                if self.hist.seen(c) == 0:
+                if self.hist.seen(c) == 0 and self.space.key_of(c) not in busy:
                     return c
             return self.space.sample_uniform(self._rng, 1)[0]

@@ -202,6 +202,37 @@ class Space:
             out.append(self.decode(u))
         return out
 
+    def space_filling(self, n: int, seed: int) -> list[dict[str, KnobValue]]:
+        """A scrambled Sobol design of ``n`` points over every knob's whole range: a switch is off
+        or on with equal weight (on: its value anywhere in its range), a categorical knob takes each
+        choice equally often. The sequence's balance holds for the first ``n`` points of a
+        power-of-two block, so the block is drawn and cut."""
+        if n <= 0:
+            return []
+        from scipy.stats import qmc
+
+        coords = sum(2 if d.kind == "switch" else 1 for d in self.dims)
+        m = max(0, math.ceil(math.log2(n)))
+        pts = qmc.Sobol(d=coords, scramble=True, seed=seed).random_base2(m)[:n]
+        out: list[dict[str, KnobValue]] = []
+        for row in pts:
+            u = np.zeros(self.width)
+            j = 0
+            for d in self.dims:
+                if d.kind == "num":
+                    u[d.offset] = row[j]
+                    j += 1
+                elif d.kind == "switch":
+                    on = row[j] >= 0.5
+                    u[d.offset] = 1.0 if on else 0.0
+                    u[d.offset + 1] = row[j + 1]
+                    j += 2
+                else:
+                    u[d.offset + min(int(row[j] * d.width), d.width - 1)] = 1.0
+                    j += 1
+            out.append(self.decode(u))
+        return out
+
     def levels(self, d: Dim, n_numeric: int = 3) -> list[KnobValue]:
         """A small set of values per knob for grid search: off, seeds, and log/linear-spaced points."""
         if d.kind == "cat":

@@ -175,10 +175,19 @@ class Tuning(_Strict):
     window_s: float = Field(5.0, gt=0)
     settle_s: float = Field(1.0, ge=0)
     repeats: int = Field(1, ge=1, le=20, description="windows per trial")
-    optimiser: Literal["skopt", "random", "grid"] = "skopt"
+    optimiser: str = Field("skopt", description="an optimiser of polltuned.optimiser.OPTIMISERS")
     initial_points: int = Field(6, ge=1)
     seed: int = 0
     warm_start: bool = True
+
+
+    @model_validator(mode="after")
+    def _known_optimiser(self) -> Tuning:
+        from polltuned.optimiser import OPTIMISERS
+
+        if self.optimiser not in OPTIMISERS:
+            raise ValueError(f"optimiser must be one of {', '.join(OPTIMISERS)} (got {self.optimiser!r})")
+        return self
 
 
 class Guard(_Strict):
@@ -214,6 +223,8 @@ class Policy(_Strict):
     confirm: Confirm = Field(default_factory=Confirm)
     hold: Hold = Field(default_factory=Hold)
     on_exit: Literal["restore", "keep"] = "restore"
+    mode: Literal["tune", "observe"] = Field(
+        "tune", description="observe: measure and report the baseline and what would be tried, write nothing")
 
     @model_validator(mode="after")
     def _check(self) -> Policy:

@@ -85,19 +85,19 @@ def make_sim_probe(cfg: SimProbeConfig, host: Host, *, clock: Clock, policy: Pol
 
 def knob_path(key: str) -> str | None:
     """Where a knob lives in a (fake) kernel tree; None for knobs without a plain file."""
-    if key.startswith("module:"):
-        parts = key.split(":")
-        if len(parts) != 3:
-            return None
-        return f"/sys/module/{parts[1]}/parameters/{parts[2]}"
-    if ":" in key:
-        dev, _, attr = key.partition(":")
-        if ":" in attr:
-            return None  # per-NAPI netlink / ethtool: no file to fake
-        return f"/sys/class/net/{dev}/{attr}"
-    if "." in key:
+    from polltuned.knobs.keys import KeyKind, parse_key
+
+    try:
+        k = parse_key(key)
+    except PolltunedError:
+        return None
+    if k.kind is KeyKind.MODULE:
+        return f"/sys/module/{k.module}/parameters/{k.attr}"
+    if k.kind is KeyKind.SYSFS:
+        return f"/sys/class/net/{k.device}/{k.attr}"
+    if k.kind is KeyKind.SYSCTL:
         return "/proc/sys/" + key.replace(".", "/")
-    return None
+    return None  # per-NAPI netlink / ethtool / IRQ strategies: no file to fake
 
 
 def make_fake_host_tree(root: Path, knob_keys: Iterable[str]) -> None:
@@ -112,8 +112,8 @@ def make_fake_host_tree(root: Path, knob_keys: Iterable[str]) -> None:
         f.parent.mkdir(parents=True, exist_ok=True)
         if not f.exists():
             f.write_text(f"{default_value(key)}\n")
-        if key.count(":") == 1 and not key.startswith("module:"):
-            dev = key.split(":", 1)[0]
+        if p.startswith("/sys/class/net/"):
+            dev = p[len("/sys/class/net/"):].rsplit("/", 1)[0]
             ifx = root / "sys/class/net" / dev / "ifindex"
             if not ifx.exists():
                 n = 2 + sum(1 for _ in (root / "sys/class/net").iterdir())

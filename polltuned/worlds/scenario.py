@@ -261,9 +261,9 @@ class ReplayScenario:
 
 
 def _suffix(key: str) -> str:
-    if key.startswith("module:") or ":" not in key:
-        return key
-    return key.split(":", 1)[1]
+    from polltuned.knobs.keys import key_suffix
+
+    return key_suffix(key)
 
 
 def _dist(a: KnobValue, b: KnobValue) -> float:

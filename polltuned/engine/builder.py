@@ -1,0 +1,116 @@
+"""The one builder of the engine: the daemon, ``polltuned sim`` and ``polltuned bench`` all go
+through these functions, so they tune the same engine over the same parts.
+
+    policy --prepare_policy--> (knobs this host has and this probe can see)
+    host + state dir --build_actuator--> journal + actuator (with the policy's app_cpus)
+    actuator + probe --build_env--> HostEnv
+    env + study --build_tuner--> Tuner
+
+``prepare_policy`` is where knob semantics meet the probe (polltuned.knobs.keys.Effect): a knob
+that only acts on sockets created afterwards (``net.core.busy_read``) is dropped, with its reason,
+when the probe measures long-lived sockets it cannot re-create (tcp_rtt on established
+connections, a Prometheus histogram of a running server, a command that does not declare
+``fresh_sockets``); so is a knob this host does not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from polltuned.clock import Clock
+from polltuned.engine.env import CpuSampler, HostEnv
+from polltuned.engine.tuner import Tuner
+from polltuned.errors import PolltunedError
+from polltuned.optimiser import Optimiser
+from polltuned.policy.schema import Policy
+from polltuned.probes.base import Probe
+from polltuned.study import Study
+
+
+def probe_opens_fresh_sockets(policy: Policy) -> bool:
+    """Does every window measure sockets created after the knobs were written?"""
+    cfg = policy.probe
+    if cfg.kind == "sockperf":
+        return bool(cfg.restart_server)
+    if cfg.kind == "sim":
+        return True
+    return bool(getattr(cfg, "fresh_sockets", False))
+
+
+def inert_knobs(policy: Policy) -> dict[str, str]:
+    """Knobs this policy's probe cannot see, with the reason (one line each)."""
+    from polltuned.knobs.keys import Effect, parse_key
+
+    if probe_opens_fresh_sockets(policy):
+        return {}
+    out: dict[str, str] = {}
+    for key in policy.knobs:
+        try:
+            k = parse_key(key)
+        except PolltunedError:
+            continue
+        if k.effect is Effect.NEW_SOCKETS:
+            out[key] = (f"acts {k.effect.value}, and the {policy.probe.kind} probe measures sockets that "
+                        "already exist (set fresh_sockets = true on a probe that opens new ones each window)")
+    return out
+
+
+def unavailable_knobs(actuator: Any, keys: Sequence[str]) -> dict[str, str]:
+    """Knobs the actuator cannot read on this host, with the reason."""
+    dropped: dict[str, str] = {}
+    for k in keys:
+        try:
+            actuator.read([k])
+        except PolltunedError as e:
+            dropped[k] = e.message
+    return dropped
+
+
+def without_knobs(policy: Policy, drop: Mapping[str, str]) -> Policy:
+    """The policy with ``drop``'s knobs removed (and removed from every ``requires_nonzero``)."""
+    if not drop:
+        return policy
+    knobs = {k: v for k, v in policy.knobs.items() if k not in drop}
+    knobs = {k: v.model_copy(update={"requires_nonzero": [d for d in v.requires_nonzero if d in knobs]})
+             for k, v in knobs.items()}
+    return policy.model_copy(update={"knobs": knobs})
+
+
+def prepare_policy(policy: Policy, actuator: Any | None = None) -> tuple[Policy, dict[str, str]]:
+    """The policy restricted to knobs that exist here and that the probe can see; the dropped ones
+    with their reasons. Raises PolltunedError when nothing is left to tune."""
+    dropped = dict(inert_knobs(policy))
+    if actuator is not None:
+        dropped.update(unavailable_knobs(actuator, [k for k in policy.knobs if k not in dropped]))
+    kept = without_knobs(policy, dropped)
+    if not kept.knobs:
+        raise PolltunedError(f"policy {policy.name}: no knob left to tune ("
+                             + "; ".join(f"{k}: {why}" for k, why in dropped.items()) + ")",
+                             code="policy-invalid")
+    return kept, dropped
+
+
+def build_actuator(host: Any, state_dir: Path, policy: Policy, clock: Clock) -> Any:
+    """Journal + actuator for ``host`` (the policy's app_cpus reach the IRQ/vhost strategies)."""
+    from polltuned.actuator import Actuator
+    from polltuned.journal import Journal
+    from polltuned.knobs.registry import KnobRegistry
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    journal = Journal(state_dir, clock=clock)
+    return Actuator(host, journal, registry=KnobRegistry(host, app_cpus=policy.app_cpus),
+                    app_cpus=policy.app_cpus, clock=clock)
+
+
+def build_env(policy: Policy, actuator: Any, probe: Probe, clock: Clock, *,
+              sampler: CpuSampler | None = None, cpus: Sequence[int] | None = None) -> HostEnv:
+    return HostEnv(policy, actuator, probe, clock=clock, sampler=sampler, cpus=cpus)
+
+
+def build_tuner(policy: Policy, env: Any, store: Study, clock: Clock, *, optimiser: Optimiser | None = None,
+                host_fingerprint: str | None = None, resume: bool = False, observe: bool = False,
+                dropped: Mapping[str, str] | None = None) -> Tuner:
+    return Tuner(policy, env, store, clock=clock, optimiser=optimiser, host_fingerprint=host_fingerprint,
+                 resume=resume, observe=observe, dropped_knobs=dropped)

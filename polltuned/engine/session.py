@@ -1,0 +1,111 @@
+"""The typed state of one tuning session, and what it produces."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from polltuned.engine.reference import ReferenceSeries
+from polltuned.records import KnobValue
+from polltuned.safety import Verdict
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    index: int
+    config: dict[str, KnobValue]
+    status: str                      # ok | failed | aborted
+    values: tuple[float, ...]        # J of each usable window
+    reason: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"index": self.index, "config": dict(self.config), "status": self.status,
+                "values": list(self.values), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    baseline_config: dict[str, KnobValue]
+    baseline_value: float
+    best_config: dict[str, KnobValue]
+    best_value: float
+    trials: tuple[TrialRecord, ...]
+    verdict: Verdict | None
+    deployed: dict[str, KnobValue]
+    deployed_is_baseline: bool
+    reason: str
+    guard_events: tuple[str, ...]
+    windows_used: int
+    stopped: bool = False
+    mode: str = "search"             # search | resume | observe
+    noise_sd: float = math.nan       # window-to-window sd of log J measured on the references
+    dropped_knobs: tuple[tuple[str, str], ...] = ()
+    would_try: tuple[dict[str, KnobValue], ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        def f(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {
+            "baseline_config": dict(self.baseline_config),
+            "baseline_value": f(self.baseline_value),
+            "best_config": dict(self.best_config),
+            "best_value": f(self.best_value),
+            "trials": [t.to_json() for t in self.trials],
+            "counts": {s: sum(1 for t in self.trials if t.status == s) for s in ("ok", "failed", "aborted")},
+            "confirmation": self.verdict.to_json() if self.verdict else None,
+            "deployed": dict(self.deployed),
+            "deployed_is_baseline": self.deployed_is_baseline,
+            "reason": self.reason,
+            "guard_events": list(self.guard_events),
+            "windows_used": self.windows_used,
+            "stopped": self.stopped,
+            "mode": self.mode,
+            "noise_sd": f(self.noise_sd),
+            "dropped_knobs": {k: why for k, why in self.dropped_knobs},
+            "would_try": [dict(c) for c in self.would_try],
+        }
+
+
+@dataclass(frozen=True)
+class WindowObs:
+    """One usable window of the current regime, as the model sees it."""
+
+    index: int
+    config: dict[str, KnobValue]
+    log_j: float
+    reference: bool                  # a baseline window of the reference series
+    aborted: bool = False            # broke the guard (told capped)
+    infeasible: bool = False         # broke a constraint (told capped, + margin)
+
+
+@dataclass
+class Trace:
+    """What the benchmark needs to score exploration: the config measured in each window, and the
+    recommendation after each trial (keyed by windows used)."""
+
+    windows: list[tuple[str, dict[str, KnobValue]]] = field(default_factory=list)
+    recommendations: list[tuple[int, dict[str, KnobValue]]] = field(default_factory=list)
+
+
+@dataclass
+class SessionState:
+    session: str
+    baseline: dict[str, KnobValue]
+    base_key: str
+    refs: ReferenceSeries = field(default_factory=ReferenceSeries)
+    obs: list[WindowObs] = field(default_factory=list)
+    prior: list[tuple[dict[str, KnobValue], float]] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
+    guard_events: list[str] = field(default_factory=list)
+    windows_used: int = 0
+    trial_no: int = 0
+    since_ref: int = 0               # trial windows measured since the last reference window
+    base_drops: float | None = None
+    consecutive_failures: int = 0
+    best_known: dict[str, KnobValue] = field(default_factory=dict)
+
+    @property
+    def j_ref(self) -> float:
+        lv = self.refs.mean_level()
+        return math.exp(lv) if lv is not None else math.nan
