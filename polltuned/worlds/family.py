@@ -352,8 +352,8 @@ def _draw_busy(rng: np.random.Generator, flat: bool, coloc: bool | None = None) 
 def _draw_defer(rng: np.random.Generator, flat: bool) -> Defer:
     cliff = bool(rng.random() < 0.25)
     return Defer(
-        hurt_min=_u(rng, 0.1, 0.3), hurt_max=_logu(rng, 0.5, 10.0), hurt_exp=_u(rng, 0.3, 0.7),
-        count_scale=_logu(rng, 0.5, 5.0),
+        hurt_min=_u(rng, 0.15, 0.3), hurt_max=_logu(rng, 0.5, 10.0), hurt_exp=_u(rng, 0.3, 0.7),
+        count_scale=_logu(rng, 0.3, 2.0),
         cpu_save=_u(rng, 0.0, 0.06) if flat else _u(rng, 0.1, 0.9), save_scale_ns=_logu(rng, 5_000.0, 50_000.0),
         with_busy=_u(rng, -0.05, 0.04), alone_hurt=_u(rng, 0.3, 2.0) if rng.random() < 0.25 else 0.0,
         cliff_ns=_logu(rng, 50_000.0, 400_000.0) if cliff else math.inf, cliff_x=_u(rng, 5.0, 12.0))
