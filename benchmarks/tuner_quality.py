@@ -20,10 +20,30 @@ tuners:
 
 J* is found by a dense search of ``expected`` (random samples + coordinate refinement).
 
+Aggregate over every (landscape, seed) run of a method (printed for every run; the family's
+targets are checked on it):
+
+  regret      median and 90th percentile (the worst 10 %) of the deployed normalised regret, over
+              the runs on landscapes with an effect (>= 5 % gain available; on a flat landscape the
+              normalised regret of keeping the baseline is 1 by definition, so they are judged by
+              "kept" instead)
+  excess      median and 90th percentile of J(deployed) / J* - 1 over all runs
+  within5     fraction of runs deploying within 5 % of J*, on landscapes with >= 10 % gain available
+  cumreg      median cumulative regret; breach: mean guard breaches (both over stationary landscapes:
+              on a nonstationary one they are measured against the final workload)
+  worse       runs (all landscapes) that deployed something worse than the baseline
+  kept        fraction of runs that kept the baseline, on flat landscapes (< 5 % gain available)
+
 Usage:
-  benchmarks/tuner_quality.py [--scenarios DIR] [--policy FILE] [--seeds N] [--budget N]
-                              [--methods polltuned,random,grid,static] [--jobs N] [--json] [--quick]
+  benchmarks/tuner_quality.py [--scenarios DIR | --family N [--family-seed S]] [--policy FILE]
+                              [--seeds N] [--budget N] [--methods polltuned,random,grid,static]
+                              [--no-seeds] [--per-landscape | --no-per-landscape] [--jobs N] [--json] [--quick]
   benchmarks/tuner_quality.py --cost     # optimiser CPU per step at 10/50/100/200 observations
+
+``--family N`` runs landscapes 0..N-1 of the random scenario family S (polltuned.worlds.family,
+default S = 1) instead of scenario files; the per-landscape table is then printed only with
+``--per-landscape``. ``--no-seeds`` removes every ``seeds`` entry from the policy before running
+(J* is still searched with the policy's seeds, so it is the same with and without).
 """
 
 from __future__ import annotations
@@ -55,12 +75,14 @@ from polltuned.policy.schema import Policy  # noqa: E402
 from polltuned.records import KnobValue  # noqa: E402
 from polltuned.study import Study  # noqa: E402
 from polltuned.worlds.env import ScenarioEnv, default_config  # noqa: E402
+from polltuned.worlds.family import make_landscape, parse_name  # noqa: E402
 from polltuned.worlds.scenario import Scenario, load_scenario, shipped_dir  # noqa: E402
 
 METHODS = {"polltuned": "skopt", "random": "random", "grid": "grid", "static": None}
 STATIC = {"net.core.busy_read": 50, "net.core.busy_poll": 50}
 CHECKPOINTS = (10, 20)
 NO_EFFECT = 0.05   # a scenario whose best gain is below this (the policy's min_effect) has "no effect"
+BIG_EFFECT = 0.10  # the within-5 % target is checked on landscapes with at least this much gain
 
 
 def J(sc: Scenario, pol: Policy, cfg: Mapping[str, KnobValue]) -> float:
@@ -158,11 +180,23 @@ def summarise(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[str, Any]]
                            "optimum": {k: v for k, v in c_star.items() if base.get(k) != v},
                            "gain_available": gap / j_base, "effect": effect, "nonstationary": sc.nonstationary,
                            "methods": {}}
+    fam = parse_name(sc.name)
+    if fam is not None:
+        out["params"] = make_landscape(*fam).describe()
     for method, rs in runs.items():
         if not rs:
             continue
         dep_reg = [nreg(r["J_dep"]) for r in rs]
         within = [r["J_dep"] <= 1.05 * j_star for r in rs]
+        per_run = {
+            "regret_deployed": dep_reg,
+            "excess": [r["J_dep"] / j_star - 1 for r in rs],
+            "within5": within,
+            "cum_regret": [sum(j / j_star - 1 for j in r["search_J"]) for r in rs],
+            "breaches": [r["breach"] for r in rs],
+            "worse": [r["J_dep"] > j_base * (1 + 1e-9) for r in rs],
+            "kept": [bool(r["kept"]) for r in rs],
+        }
         firsts = []
         for r in rs:
             f = next((w for w, j in r.get("rec_trace", []) if j <= 1.05 * j_star), None)
@@ -181,9 +215,109 @@ def summarise(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[str, Any]]
             "worse_than_baseline": sum(1 for r in rs if r["J_dep"] > j_base * (1 + 1e-9)),
             "kept_baseline": sum(1 for r in rs if r["kept"]) / len(rs),
             "cpu_per_trial": statistics.median(r["cpu_per_trial"] for r in rs),
+            "per_run": per_run,
         }
         out["methods"][method] = m
     return out
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile that keeps infinities (numpy would return nan for inf - inf)."""
+    v = sorted(xs)
+    if not v:
+        return math.nan
+    pos = q * (len(v) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    if lo == hi or v[lo] == v[hi]:
+        return v[lo]
+    if math.isinf(v[hi]) or math.isinf(v[lo]):
+        return v[hi] if pos - lo > 0 else v[lo]
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per method, over every (landscape, seed) run: see the module docstring."""
+    methods: list[str] = []
+    for s in summaries:
+        methods += [m for m in s["methods"] if m not in methods]
+    big = [s for s in summaries if s["gain_available"] >= BIG_EFFECT]
+    flat = [s for s in summaries if not s["effect"]]
+    out: dict[str, Any] = {
+        "landscapes": len(summaries),
+        "landscapes_gain_ge_10": len(big),
+        "landscapes_gain_5_10": sum(1 for s in summaries if s["effect"] and s["gain_available"] < BIG_EFFECT),
+        "landscapes_flat": len(flat),
+        "landscapes_nonstationary": sum(1 for s in summaries if s["nonstationary"]),
+        "methods": {},
+    }
+    for method in methods:
+        def runs(sel: Sequence[dict[str, Any]], key: str, method: str = method) -> list[Any]:
+            return [x for s in sel if method in s["methods"] for x in s["methods"][method]["per_run"][key]]
+
+        eff = [s for s in summaries if s["effect"]]
+        stat = [s for s in summaries if not s["nonstationary"]]
+        reg, exc = runs(eff, "regret_deployed"), runs(summaries, "excess")
+        within, kept, cum = runs(big, "within5"), runs(flat, "kept"), runs(stat, "cum_regret")
+        out["methods"][method] = {
+            "runs": len(runs(summaries, "kept")),
+            "regret_deployed_median": statistics.median(reg) if reg else None,
+            "regret_deployed_p90": quantile(reg, 0.9) if reg else None,
+            "excess_median": statistics.median(exc) if exc else None,
+            "excess_p90": quantile(exc, 0.9) if exc else None,
+            "within5_frac": sum(within) / len(within) if within else None,
+            "within5_runs": len(within),
+            "cum_regret_median": statistics.median(cum) if cum else None,
+            "breaches_mean": statistics.mean(runs(stat, "breaches")) if stat else None,
+            "worse_than_baseline": sum(runs(summaries, "worse")),
+            "kept_flat_frac": sum(kept) / len(kept) if kept else None,
+            "kept_flat_runs": len(kept),
+        }
+    return out
+
+
+def check_aggregate(agg: dict[str, Any], label: str) -> list[str]:
+    """The family targets, for polltuned's engine, on the aggregate."""
+    ms = agg["methods"]
+    pt, rnd = ms.get("polltuned"), ms.get("random")
+    if pt is None:
+        return []
+    lines = []
+    if rnd is not None and pt["regret_deployed_median"] is not None and rnd["regret_deployed_median"] is not None:
+        ok = pt["regret_deployed_median"] <= 0.5 * rnd["regret_deployed_median"] + 1e-9
+        lines.append(f"{'PASS' if ok else 'FAIL'} {label}: median deployed regret {pt['regret_deployed_median']:.3f} "
+                     f"<= 0.5 x random {rnd['regret_deployed_median']:.3f}")
+    if pt["within5_frac"] is not None:
+        ok = pt["within5_frac"] >= 0.8
+        lines.append(f"{'PASS' if ok else 'FAIL'} {label}: within 5 % of J* in {pt['within5_frac']:.0%} of "
+                     f"{pt['within5_runs']} runs on landscapes with >= 10 % gain (>= 80 %)")
+    ok = pt["worse_than_baseline"] == 0
+    lines.append(f"{'PASS' if ok else 'FAIL'} {label}: worse-than-baseline deployments = {pt['worse_than_baseline']} "
+                 f"of {pt['runs']} runs (0)")
+    if pt["kept_flat_frac"] is not None:
+        ok = pt["kept_flat_frac"] >= 0.9
+        lines.append(f"{'PASS' if ok else 'FAIL'} {label}: baseline kept in {pt['kept_flat_frac']:.0%} of "
+                     f"{pt['kept_flat_runs']} runs on flat landscapes (< 5 % gain) (>= 90 %)")
+    return lines
+
+
+def aggregate_table(agg: dict[str, Any]) -> str:
+    def f(x: Any, fmt: str = "{:.2f}") -> str:
+        if x is None:
+            return "-"
+        if isinstance(x, float) and math.isinf(x):
+            return "inf"
+        return fmt.format(x)
+
+    rows = ["| method | runs | regret deployed median | regret p90 | within 5 % (gain >= 10 %) | cum. regret median"
+            " | breaches mean | worse than baseline | kept baseline (flat) | excess J median | excess J p90 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for method, m in agg["methods"].items():
+        rows.append(f"| {method} | {m['runs']} | {f(m['regret_deployed_median'], '{:.3f}')} | "
+                    f"{f(m['regret_deployed_p90'], '{:.3f}')} | {f(m['within5_frac'], '{:.0%}')} | "
+                    f"{f(m['cum_regret_median'], '{:.1f}')} | {f(m['breaches_mean'])} | {m['worse_than_baseline']} | "
+                    f"{f(m['kept_flat_frac'], '{:.0%}')} | {f(m['excess_median'], '{:.1%}')} | "
+                    f"{f(m['excess_p90'], '{:.1%}')} |")
+    return "\n".join(rows)
 
 
 def check_targets(summaries: Sequence[dict[str, Any]]) -> list[str]:
@@ -287,14 +421,39 @@ def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200), reps: int
     return "\n".join(rows)
 
 
+def strip_seeds(pol: Policy) -> Policy:
+    """The policy without any ``seeds`` entry (the engine must find the good values by itself)."""
+    knobs = {k: spec.model_copy(update={"seeds": []}) for k, spec in pol.knobs.items()}
+    return pol.model_copy(update={"knobs": knobs})
+
+
+def _summary_task(args: tuple[str, Policy, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    return summarise(*args)
+
+
+def _pool_map(fn: Any, items: Sequence[Any], jobs: int) -> list[Any]:
+    if jobs > 1 and len(items) > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(jobs) as pool:
+            return list(pool.map(fn, items, chunksize=1))
+    return [fn(t) for t in items]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", default=str(shipped_dir()), help="directory of scenario .py files")
+    ap.add_argument("--family", type=int, default=None, metavar="N",
+                    help="run landscapes 0..N-1 of the random scenario family instead of scenario files")
+    ap.add_argument("--family-seed", type=int, default=1, metavar="S", help="the family's seed (default 1)")
     ap.add_argument("--policy", default=str(HERE.parent / "policies" / "sim-default.toml"))
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--budget", type=int, default=30)
     ap.add_argument("--methods", default="polltuned,random,grid,static")
     ap.add_argument("--only", default="", help="comma-separated scenario names to run (default: all)")
+    ap.add_argument("--no-seeds", action="store_true", help="remove every `seeds` entry from the policy")
+    ap.add_argument("--per-landscape", action=argparse.BooleanOptionalAction, default=None,
+                    help="print the per-landscape table and checks (default: on for --scenarios, off for --family)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true", help="3 seeds, budget 20 (for tests)")
@@ -310,36 +469,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         if m not in METHODS:
             ap.error(f"--methods: unknown method {m!r} (choose from {', '.join(METHODS)})")
     pol = load_policy(a.policy)
-    paths = sorted(str(p) for p in Path(a.scenarios).glob("*.py") if not p.name.startswith("_"))
+    run_pol = strip_seeds(pol) if a.no_seeds else pol
+    if a.family is not None:
+        if a.family < 1 or a.family_seed < 0:
+            ap.error(f"--family must be >= 1 and --family-seed >= 0 (got {a.family}, {a.family_seed})")
+        paths = [f"family:{a.family_seed}:{i}" for i in range(a.family)]
+        what = f"family {a.family_seed}, landscapes 0..{a.family - 1}"
+    else:
+        paths = sorted(str(p) for p in Path(a.scenarios).glob("*.py") if not p.name.startswith("_"))
+        what = f"{len(paths)} scenarios from {a.scenarios}"
     if a.only:
         want = set(a.only.split(","))
-        paths = [p for p in paths if Path(p).stem in want]
+        paths = [p for p in paths if Path(p).stem in want or p in want]
     if not paths:
         ap.error(f"--scenarios: no scenario files in {a.scenarios}")
-    tasks = [(p, pol, m, s, a.budget) for p in paths for m in methods for s in range(a.seeds)]
+    per_landscape = a.per_landscape if a.per_landscape is not None else a.family is None
+    tasks = [(p, run_pol, m, s, a.budget) for p in paths for m in methods for s in range(a.seeds)]
     t0 = time.monotonic()
-    if a.jobs > 1:
-        import multiprocessing as mp
-
-        with mp.get_context("fork").Pool(a.jobs) as pool:
-            results = pool.map(_task, tasks, chunksize=1)
-    else:
-        results = [_task(t) for t in tasks]
+    results = _pool_map(_task, tasks, a.jobs)
     by: dict[str, dict[str, list[dict[str, Any]]]] = {p: {m: [] for m in methods} for p in paths}
     for p, m, _s, r in results:
         by[p][m].append(r)
-    summaries = [summarise(p, pol, by[p]) for p in paths]
+    # J* is searched with the policy as given (seeds included), so it does not depend on --no-seeds
+    summaries = _pool_map(_summary_task, [(p, pol, by[p]) for p in paths], a.jobs)
     checks = check_targets(summaries)
+    agg = aggregate(summaries)
+    label = f"family {a.family_seed}" if a.family is not None else "aggregate"
+    agg_checks = check_aggregate(agg, label)
+    for sm in summaries:
+        for m in sm["methods"].values():
+            m.pop("per_run", None)
     elapsed = time.monotonic() - t0
     if a.json:
         print(json.dumps({"seeds": a.seeds, "budget": a.budget, "methods": methods, "elapsed_s": elapsed,
-                          "scenarios": summaries, "targets": checks}, indent=1, default=str))
+                          "family": {"seed": a.family_seed, "n": a.family} if a.family is not None else None,
+                          "no_seeds": a.no_seeds, "scenarios": summaries, "targets": checks,
+                          "aggregate": agg, "aggregate_targets": agg_checks}, indent=1, default=str))
     else:
-        print(f"tuner quality: {len(paths)} scenarios x {a.seeds} seeds x {len(methods)} methods, "
-              f"budget {a.budget} windows, {elapsed:.0f} s\n")
-        print(table(summaries))
+        print(f"tuner quality: {what} ({agg['landscapes_gain_ge_10']} with >= 10 % gain available, "
+              f"{agg['landscapes_gain_5_10']} with 5-10 %, {agg['landscapes_flat']} flat < 5 %, "
+              f"{agg['landscapes_nonstationary']} nonstationary) x {a.seeds} seeds x {len(methods)} methods, "
+              f"budget {a.budget} windows, policy seeds {'removed' if a.no_seeds else 'as given'}, {elapsed:.0f} s\n")
+        if per_landscape:
+            print(table(summaries))
+            print()
+            print("\n".join(checks))
+            print()
+        print(aggregate_table(agg))
         print()
-        print("\n".join(checks))
+        print("\n".join(agg_checks))
     return 0
 
 

@@ -34,7 +34,8 @@ def _optimisers() -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", help="scenario .py file or shipped name (default: the policy's probe.scenario)")
+    p.add_argument("--scenario", help="scenario .py file, shipped name, or family:SEED:INDEX (a random landscape) "
+                   "(default: the policy's probe.scenario)")
     p.add_argument("--policy", default="sim-default", help="policy name or file (default sim-default)")
     p.add_argument("--trials", type=int, default=None, metavar="N",
                    help="budget in measurement windows (default: the policy's tuning.budget)")
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             sc = load_scenario(name)
             first = sc.doc.splitlines()[0] if sc.doc else ""
             print(f"{name}: {first}")
+        print("family:SEED:INDEX: landscape INDEX of the random scenario family SEED (polltuned.worlds.family)")
         return int(ExitCode.OK)
     pol = load_policy(args.policy)
     scen = args.scenario

@@ -30,6 +30,7 @@ A scenario is a plain Python file defining two functions::
   exploration cost, which it measures against the final world).
 
 Shipped scenarios live in ``polltuned/worlds/scenarios/`` and are found by name (``busypoll_split``).
+``family:SEED:INDEX`` names landscape INDEX of the random family SEED (``polltuned.worlds.family``).
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ def resolve_scenario_path(name_or_path: str) -> Path:
 
 
 def load_scenario(name_or_path: str) -> Scenario:
+    """A scenario file, a shipped scenario by name, or ``family:SEED:INDEX`` (a landscape of the
+    random family, ``polltuned.worlds.family``)."""
+    if name_or_path.startswith("family:"):
+        return _family_scenario(name_or_path)
     path = resolve_scenario_path(name_or_path)
     spec = importlib.util.spec_from_file_location(f"polltuned_scenario_{path.stem}", path)
     if spec is None or spec.loader is None:
@@ -146,6 +151,16 @@ def load_scenario(name_or_path: str) -> Scenario:
         takes_window = False
     return Scenario(path.stem, path, (mod.__doc__ or "").strip(), m, x, takes_window,
                     bool(getattr(mod, "NONSTATIONARY", False)))
+
+
+def _family_scenario(name: str) -> Scenario:
+    from polltuned.worlds import family
+
+    parsed = family.parse_name(name)
+    assert parsed is not None
+    ls = family.make_landscape(*parsed)
+    return Scenario(ls.name, Path(family.__file__), ls.summary(), ls.measure, ls.expected, True,
+                    ls.nonstationary)
 
 
 def to_window(m: Measurement, duration_s: float) -> Window:
