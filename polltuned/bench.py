@@ -353,17 +353,15 @@ class BenchSettings:
     report: Path | None = None
 
 
-def supported_knobs(actuator: Any, keys: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """Keys the actuator can read on this host, and the others with the reason."""
-    ok: list[str] = []
-    dropped: dict[str, str] = {}
-    for k in keys:
-        try:
-            actuator.read([k])
-            ok.append(k)
-        except PolltunedError as e:
-            dropped[k] = e.message
-    return ok, dropped
+def supported_knobs(actuator: Any, policy: Any) -> tuple[Any, dict[str, str]]:
+    """The policy with only the knobs this host has (narrowed to what its kernel accepts), and the
+    dropped knobs with the reason: :func:`polltuned.knobs.compat.detect`, as the daemon does."""
+    from polltuned.knobs.compat import detect
+
+    compat = detect(actuator, policy)
+    for k, why in compat.narrowed.items():
+        log.info("bench: knob %s narrowed: %s", k, why)
+    return compat.policy, dict(compat.dropped)
 
 
 def recover(state_dir: Path, *, host: Host, clock: Clock,
@@ -438,12 +436,10 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
             actuator = Actuator(host, journal, clock=clock)
             progress(f"creating the world ({workload.name}: {workload.description})")
             world.setup()
-            keys, dropped = supported_knobs(actuator, list(policy.knobs))
+            fitted, dropped = supported_knobs(actuator, policy)
             for k, why in dropped.items():
                 progress(f"knob {k} not available here, dropped: {why}")
-            knobs = {k: v for k, v in policy.knobs.items() if k in keys}
-            knobs = {k: v.model_copy(update={"requires_nonzero": [d for d in v.requires_nonzero if d in knobs]})
-                     for k, v in knobs.items()}
+            knobs = dict(fitted.knobs)
             upd: dict[str, object] = {"knobs": knobs, "probe": probe_cfg,
                                       "tuning": policy.tuning.model_copy(update=tuning_upd)}
             if settings.confirm_pairs is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,21 @@ class Daemon:
     controller: Controller
     counters: CountersView
     state_dir: Path
+    #: knobs of the policy this host does not have (key -> reason), see polltuned.knobs.compat
+    dropped_knobs: dict[str, str] = field(default_factory=dict)
+
+    def fit(self, policy: Policy) -> Policy:
+        """The policy without the knobs this host lacks (one log line each); for reloads."""
+        pol, self.dropped_knobs = fit_policy(self.actuator, policy)
+        return pol
+
+
+def fit_policy(actuator: Actuator, policy: Policy) -> tuple[Policy, dict[str, str]]:
+    from polltuned.knobs.compat import detect, log_compat
+
+    compat = detect(actuator, policy)
+    log_compat(compat, log)
+    return compat.policy, dict(compat.dropped)
 
 
 def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, counters: CountersView) -> TrialEnv:
@@ -130,6 +145,7 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
     journal = Journal(sd, clock=clock)
     actuator = Actuator(host, journal, registry=KnobRegistry(host, app_cpus=policy.app_cpus),
                         app_cpus=policy.app_cpus, clock=clock)
+    policy, dropped = fit_policy(actuator, policy)
     counters = CountersView(host, clock, nic_device(policy))
     env = build_env(policy, host, actuator, clock, counters)
     envs: dict[str, TrialEnv] = {policy.model_dump_json(): env}
@@ -144,7 +160,7 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
 
     controller = Controller(policy=policy, actuator=actuator, env=env, make_tuner=make_tuner, clock=clock,
                             meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds)
-    return Daemon(policy, host, actuator, controller, counters, sd)
+    return Daemon(policy, host, actuator, controller, counters, sd, dropped)
 
 
 def load_daemon_policy(policy_ref: str, nic: str | None) -> Policy:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from polltuned.errors import UsageError
 from polltuned.host.fs import Host
 from polltuned.host.netdev_genl import FileNetdev, GenlNetdev, NapiSetCaps, NetdevApi
 from polltuned.knobs.base import Knob
 from polltuned.knobs.coalesce import COALESCE_PARAMS, CoalesceKnob
 from polltuned.knobs.irq import IrqAffinityKnob
-from polltuned.knobs.modparam import MODULE_PARAMS, ModuleParamKnob, parse_module_key
+from polltuned.knobs.keys import parse_key
+from polltuned.knobs.modparam import MODULE_PARAMS, ModuleParamKnob
 from polltuned.knobs.netdev import NAPI_ATTRS, SYSFS_ATTRS, Device, DeviceRef, NapiKnob, SysfsDevKnob
 from polltuned.knobs.sysctl import SYSCTLS, SysctlKnob
 from polltuned.knobs.vhost import VHOST_AFFINITY_KEY, VhostAffinityKnob
@@ -69,34 +69,23 @@ class KnobRegistry:
         return k
 
     def _build(self, key: str) -> Knob:
-        if key in SYSCTLS:
-            return SysctlKnob(self.host, SYSCTLS[key])
-        if key.startswith("module:"):
-            if parse_module_key(key) is None:
-                raise UsageError(f"{key}: module parameter keys are module:NAME:PARAM", code="knob-unknown")
+        k = parse_key(key)  # KnobKeyError (exit 2) for unknown or malformed keys
+        if k.kind == "sysctl":
+            return SysctlKnob(self.host, SYSCTLS[k.attr])
+        if k.kind == "module-param":
             return ModuleParamKnob(self.host, key)
-        if key == VHOST_AFFINITY_KEY:
+        if k.kind == "vhost-affinity":
             return VhostAffinityKnob(self.host, self.app_cpus)
-        dev_part, sep, rest = key.partition(":")
-        ref = DeviceRef.parse(dev_part) if sep else None
-        if ref is None:
-            raise UsageError(f"{key}: unknown knob (see `polltuned check` for the keys of this host)",
-                             code="knob-unknown")
-        dev = self.device(ref)
-        if rest in SYSFS_ATTRS:
-            return SysfsDevKnob(dev, rest)
-        if rest == "irq_affinity":
-            if ref.netns is not None:
-                raise UsageError(f"{key}: IRQ affinity applies to physical devices of the host netns",
-                                 code="knob-unknown")
+        ref = k.device
+        assert ref is not None
+        if k.kind == "irq-affinity":
             return IrqAffinityKnob(self.host, ref.name, self.app_cpus)
-        sub, _, attr = rest.partition(":")
-        if sub == "napi" and attr in NAPI_ATTRS:
-            return NapiKnob(dev, attr)
-        if sub == "coalesce" and attr in COALESCE_PARAMS:
-            return CoalesceKnob(self.host, ref, attr)
-        raise UsageError(f"{key}: unknown knob (see `polltuned check` for the keys of this host)",
-                         code="knob-unknown")
+        if k.kind == "ethtool-coalesce":
+            return CoalesceKnob(self.host, ref, k.attr)
+        dev = self.device(ref)
+        if k.kind == "netdev-sysfs":
+            return SysfsDevKnob(dev, k.attr)
+        return NapiKnob(dev, k.attr)
 
     # -- enumeration for `polltuned check` -----------------------------------------------------
     def host_devices(self) -> list[str]:
