@@ -119,6 +119,13 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
     host = FsHost(host_root)
     journal = Journal(state_dir, clock=clk)
     actuator = Actuator(host, journal, clock=clk)
+    from polltuned.knobs.compat import detect
+
+    compat = detect(actuator, pol)  # knobs the fake tree lacks (per-NAPI netlink) are left out, as on a host
+    for key, why in compat.dropped.items():
+        if progress is not None:
+            print(f"knob {key} dropped: {why}", file=progress)
+    pol = compat.policy
     probe = SimProbe(host, pol, scenario, seed, clock=clk)
     env = HostEnv(pol, actuator, probe, clock=clk)
     tuner = Tuner(pol, env, Study.open(state_dir, pol), clock=clk)

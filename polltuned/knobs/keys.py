@@ -101,8 +101,10 @@ def suggest(key: str) -> str | None:
 
 
 def _parse_device(key: str, text: str, placeholder_ok: bool) -> DeviceRef:
-    if placeholder_ok and text == NIC_PLACEHOLDER:
-        return DeviceRef(None, NIC_PLACEHOLDER)
+    if text == NIC_PLACEHOLDER:
+        if placeholder_ok:
+            return DeviceRef(None, NIC_PLACEHOLDER)
+        raise KnobKeyError(key, "the {nic} placeholder is not resolved (set nic in the policy or pass --nic)")
     ref = DeviceRef.parse(text)
     if ref is None or not _IFNAME_RE.match(ref.name) or (ref.netns is not None and not valid_netns_name(ref.netns)):
         raise KnobKeyError(key, f"device {text!r} is not an interface name (1-15 characters, no '/', ':' or "

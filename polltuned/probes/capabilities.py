@@ -107,9 +107,10 @@ def needs(policy: Policy, *, proc_stat: bool = True) -> list[Need]:
     else:
         tp_avail = _NATIVE_THROUGHPUT[kind]
         tp_src = f"probe {kind}"
-    if not tp_avail and nic is not None:
-        tp_avail, tp_src = True, f"NIC {nic} link statistics (rx+tx packets/s)"
-    elif not tp_avail:
+    if tp_avail is not True and nic is not None and kind != "sim":
+        tp_avail, tp_src = True, (f"NIC {nic} link statistics (rx+tx packets/s)" if tp_avail is False
+                                  else f"{tp_src}, else NIC {nic} link statistics (rx+tx packets/s)")
+    elif tp_avail is False:
         tp_src = (f"probe {kind} does not measure throughput and the policy has no host-netns nic whose link "
                   "statistics could stand in") if tp_avail is False else tp_src
     out.append(Need("throughput", tp_needed, tp_why, tp_avail, tp_src))
