@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nic", default=None, help="the NIC (for {nic} in a policy, or to limit the listing)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-probe", action="store_true",
-                   help="with POLICY: skip the probe window (see polltuned.cli.check_policy for the exit codes)")
+                   help="with POLICY: skip the probe window (knobs and what the probe can give by design only)")
     p.add_argument("--probe-window", type=float, default=None, metavar="S",
                    help="with POLICY: length of the one probe window in seconds (default: window_s, at most 2)")
     add_app_cpus(p)

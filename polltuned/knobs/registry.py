@@ -1,6 +1,7 @@
 """The explicit knob registry: key -> Knob for this host.
 
-Key grammar (kernel vocabulary verbatim, see the policy schema):
+Keys are parsed by :func:`polltuned.knobs.keys.parse_key` (unknown or malformed keys raise
+KnobKeyError, exit 2, with the rule and the closest known key). Key grammar (kernel vocabulary verbatim):
 
 ==============================  ==========================================================
 ``net.core.busy_poll`` ...      sysctls listed in :data:`polltuned.knobs.sysctl.SYSCTLS`
