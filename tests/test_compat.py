@@ -69,7 +69,9 @@ def quiet_logging() -> Iterator[None]:
     try:
         yield
     finally:
-        lg.handlers[:], lg.level, lg.propagate = saved[0], saved[1], saved[2]
+        lg.handlers[:] = saved[0]
+        lg.setLevel(saved[1])
+        lg.propagate = saved[2]
 
 
 def test_every_shipped_policy_is_covered() -> None:
@@ -205,12 +207,14 @@ def test_managed_irq_found_at_write_time_is_skipped(tmp_path: Path, caplog: pyte
     host = _EioHost(tree, {38})
     k = IrqAffinityKnob(host, "eth0", [])
     assert k.availability().writable            # 0644: the mode does not tell
+    lg = logging.getLogger("polltuned")
+    old = lg.propagate
     with caplog.at_level(logging.WARNING, logger="polltuned.knobs.irq"):
-        logging.getLogger("polltuned").propagate = True
+        lg.propagate = True   # `polltuned run` (setup_logging) may have turned it off in this process
         try:
             k.write("spread")
         finally:
-            logging.getLogger("polltuned").propagate = False
+            lg.propagate = old
     assert (tree / "proc/irq/39/smp_affinity_list").read_text() == "1\n"
     assert (tree / "proc/irq/38/smp_affinity_list").read_text() == "0-1\n"
     assert k.verify("spread")
