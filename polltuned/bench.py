@@ -353,6 +353,15 @@ class BenchSettings:
     report: Path | None = None
 
 
+def supported_knobs(actuator: Any, policy: Any) -> tuple[Any, dict[str, str]]:
+    """The policy with only the knobs this host has and the probe can see (narrowed to what its
+    kernel accepts), and the dropped knobs with the reason: the engine's one preparation step
+    (:func:`polltuned.engine.builder.prepare_policy`, over :func:`polltuned.knobs.compat.detect`)."""
+    from polltuned.engine.builder import prepare_policy
+
+    return prepare_policy(policy, actuator)
+
+
 def recover(state_dir: Path, *, host: Host, clock: Clock,
             progress: Callable[[str], None] = lambda s: None) -> tuple[bool, list[str]]:
     """Undo what a crashed bench left: roll back its journal (every knob it changed) while the
@@ -380,7 +389,7 @@ def recover(state_dir: Path, *, host: Host, clock: Clock,
 def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
               progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     """The whole bench on the real host. Needs root; hold /tmp/polltuned-realkernel.lock around it."""
-    from polltuned.engine.builder import build_actuator, build_tuner, prepare_policy
+    from polltuned.engine.builder import build_actuator, build_tuner
     from polltuned.host.exec import SubprocessRunner
     from polltuned.policy.loader import load_policy
     from polltuned.probes.factory import make_probe
@@ -422,10 +431,10 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
             actuator = build_actuator(host, state_dir, policy, clock)
             progress(f"creating the world ({workload.name}: {workload.description})")
             world.setup()
-            prepared, dropped = prepare_policy(policy.model_copy(update={"probe": probe_cfg}), actuator)
+            prepared, dropped = supported_knobs(actuator, policy.model_copy(update={"probe": probe_cfg}))
             for k, why in dropped.items():
-                progress(f"knob {k} dropped: {why}")
-            knobs = prepared.knobs
+                progress(f"knob {k} not tuned here, dropped: {why}")
+            knobs = dict(prepared.knobs)
             upd: dict[str, object] = {"knobs": knobs, "probe": probe_cfg,
                                       "tuning": policy.tuning.model_copy(update=tuning_upd)}
             if settings.confirm_pairs is not None:

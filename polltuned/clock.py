@@ -44,3 +44,27 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+
+
+class ScaledClock:
+    """Simulated time for ``polltuned run --simulate``: ``sleep(s)`` advances ``monotonic()`` by ``s``
+    at once and waits ``s / speed`` real seconds (``speed`` 0 or infinite: no wait at all), so a
+    simulated daemon runs its windows ``speed`` times faster than real time. ``wall()`` stays the
+    real wall clock (status timestamps, journal records)."""
+
+    def __init__(self, speed: float, start: float | None = None) -> None:
+        self.speed = speed
+        self._now = time.monotonic() if start is None else start
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self._now += seconds
+        if 0 < self.speed < float("inf"):
+            time.sleep(seconds / self.speed)

@@ -94,10 +94,11 @@ def test_includes_merge_and_cycles(tmp_path: Path) -> None:
 def test_knob_spec_invariants(tmp_path: Path) -> None:
     base = 'name = "x"\n[probe]\nkind = "sim"\nscenario = "s"\n'
     cases = {
-        '[knobs.a]\nmin = 0\nmax = 10\nscale = "log"\n': "log scale needs min > 0 or zero_is_off",
-        '[knobs.a]\nmin = 0\nmax = 10\nseeds = [20]\n': "seed 20 outside [0, 10]",
-        '[knobs.a]\ntype = "categorical"\nvalues = []\n': "non-empty 'values'",
-        '[knobs.a]\nmin = 0\nmax = 10\nrequires_nonzero = ["b"]\n': "'b' is not a knob of this policy",
+        '[knobs."net.core.busy_poll"]\nmin = 0\nmax = 10\nscale = "log"\n': "log scale needs min > 0 or zero_is_off",
+        '[knobs."net.core.busy_poll"]\nmin = 0\nmax = 10\nseeds = [20]\n': "seed 20 outside [0, 10]",
+        '[knobs."kernel.timer_migration"]\ntype = "categorical"\nvalues = []\n': "non-empty 'values'",
+        '[knobs."net.core.busy_poll"]\nmin = 0\nmax = 10\nrequires_nonzero = ["b"]\n':
+            "'b' is not a knob of this policy",
     }
     for body, msg in cases.items():
         p = _write(tmp_path, base + body)

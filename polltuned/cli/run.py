@@ -17,11 +17,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rounds", type=int, default=None, metavar="N",
                    help="stop after N tuning rounds instead of holding forever (for demos and tests)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
+    p.add_argument("--simulate", metavar="SCENARIO", default=None,
+                   help="run the policy's knobs and objective against a simulated world instead of the real "
+                        "workload: its probe is replaced by the sim probe of SCENARIO (shipped name or .py file, "
+                        "see `polltuned sim --list`); needs a fake tree as --host-root (default: a temporary one), "
+                        "never touches the real kernel; state and run dirs default to a temporary directory")
+    p.add_argument("--sim-speed", type=float, default=100.0, metavar="X",
+                   help="with --simulate: simulated time runs X times faster than real time (0 = no waiting; "
+                        "default 100)")
 
 
 def run(args: argparse.Namespace) -> int:
     from polltuned.cli.main import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
-    from polltuned.clock import SystemClock
+    from polltuned.clock import Clock, ScaledClock, SystemClock
     from polltuned.daemon.config import DaemonConfig, load_config
     from polltuned.daemon.service import Service
     from polltuned.daemon.status import clear_kept, is_kept, mark_kept
@@ -41,20 +49,28 @@ def run(args: argparse.Namespace) -> int:
 
     ref, nic = policy_ref()
     policy = load_daemon_policy(ref, nic)
-    clock = SystemClock()
+    clock: Clock = SystemClock()
+    host_root, sim = args.host_root, None
+    if getattr(args, "simulate", None):
+        from polltuned.cli.simulate import prepare
+
+        sim = prepare(args, policy)
+        policy, host_root, state_dir, run_dir = sim.swap_probe(policy), sim.host_root, sim.state_dir, sim.run_dir
+        clock = ScaledClock(args.sim_speed)
     kept = is_kept(state_dir)
-    d = build_daemon(policy=policy, host_root=args.host_root, state_dir=state_dir, clock=clock,
+    d = build_daemon(policy=policy, host_root=host_root, state_dir=state_dir, clock=clock,
                      max_rounds=args.max_rounds)
     d.controller.kept = kept
 
     def reload_policy() -> object:
         r, n = policy_ref()
-        return load_daemon_policy(r, n)
+        pol = load_daemon_policy(r, n)
+        return d.fit(sim.swap_probe(pol) if sim is not None else pol)
 
     service = Service(controller=d.controller, notifier=Notifier(), run_dir=run_dir, clock=clock,
                       build_status=lambda c: build_status(d, c), reload_policy=reload_policy,  # type: ignore[arg-type]
                       status_interval_s=cfg.status_interval_s)
-    log.info("starting: policy %s, host root %s, state %s", policy.name, args.host_root, state_dir,
+    log.info("starting: policy %s, host root %s, state %s", policy.name, host_root, state_dir,
              extra={"policy": policy.name})
     rc = service.run()
     if d.controller.policy.on_exit == "keep":
@@ -62,4 +78,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         clear_kept(state_dir)
     log.info("stopped (%s)", d.controller.message)
+    if sim is not None:
+        sim.close()
     return rc if rc else int(ExitCode.OK)

@@ -118,6 +118,7 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
     from polltuned.engine.builder import build_actuator, build_env, build_tuner, prepare_policy
     from polltuned.engine.phases import Phase
     from polltuned.host.fs import FsHost
+    from polltuned.policy.schema import SimProbe as SimProbeConfig
     from polltuned.probes.sim import SimProbe, make_fake_host_tree
     from polltuned.study import Study
 
@@ -127,7 +128,15 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
     actuator = build_actuator(host, state_dir, pol, clk)
     journal = actuator.journal
     probe = SimProbe(host, pol, scenario, seed, clock=clk)
+    # the world is measured by the sim probe (fresh sockets every window), whatever the policy's
+    # own probe: the knobs it can see are judged with that probe
+    sim_ref = scenario.name if scenario.name.startswith("family:") else str(scenario.path)
+    pol = pol.model_copy(update={"probe": SimProbeConfig(kind="sim", scenario=sim_ref)})
+    # knobs the fake tree lacks (per-NAPI netlink) are left out, as on a host
     pol, dropped = prepare_policy(pol, actuator)
+    for key, why in dropped.items():
+        if progress is not None:
+            print(f"knob {key} dropped: {why}", file=progress)
     env = build_env(pol, actuator, probe, clk)
     tuner = build_tuner(pol, env, Study.open(state_dir, pol), clk, dropped=dropped)
     events: list[dict[str, object]] = []

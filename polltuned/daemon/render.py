@@ -56,6 +56,12 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         rows = [[str(k.get("key")), _fmt(k.get("original")), _fmt(k.get("current")), _fmt(k.get("best")),
                  str(k.get("owner", "-")) + (f" ({k['note']})" if k.get("note") else "")] for k in knobs]
         out += _table(["knob", "original", "current", "best", "owner"], rows)
+    dropped = doc.get("dropped_knobs") or {}
+    if dropped:
+        out.append("")
+        out.append("not tuned on this host (dropped at start):")
+        for key, why in sorted(dropped.items()):
+            out.append(f"  {key}: {why}")
     res = doc.get("result") or {}
     if res:
         out.append("")

@@ -61,6 +61,7 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
                      "windows_budget": pol.tuning.budget, "round": c.round,
                      "windows_used": c.result.windows_used if c.result is not None else None},
         "knobs": knob_rows(d, c),
+        "dropped_knobs": dict(getattr(d, "dropped_knobs", {})),
         "guard_events": list(c.guard_events),
         "recent_events": list(c.events)[-10:],
         "recovery": c.recovery,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,39 +104,44 @@ class Daemon:
     controller: Controller
     counters: CountersView
     state_dir: Path
+    #: knobs of the policy not tuned here (key -> reason): the host lacks them, or the probe cannot
+    #: see them (polltuned.engine.builder.prepare_policy)
+    dropped_knobs: dict[str, str] = field(default_factory=dict)
+
+    def fit(self, policy: Policy) -> Policy:
+        """The policy restricted to what this host and its probe support (one log line per dropped
+        knob); for reloads."""
+        from polltuned.engine.builder import prepare_policy
+
+        pol, self.dropped_knobs = prepare_policy(policy, self.actuator)
+        return pol
 
 
-def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock,
-              counters: CountersView) -> tuple[TrialEnv, Policy, dict[str, str]]:
-    """The policy's probe and a HostEnv over the knobs this host has and the probe can see
-    (the engine's builder decides which: dropped knobs come back with their reasons)."""
+def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, counters: CountersView) -> TrialEnv:
+    """The prepared policy's probe and a HostEnv (the engine's builder)."""
     from polltuned.engine.builder import build_env as engine_env
-    from polltuned.engine.builder import prepare_policy
     from polltuned.probes.factory import make_probe
 
-    prepared, dropped = prepare_policy(policy, actuator)
-    for key, why in dropped.items():
-        log.warning("knob %s dropped: %s", key, why, extra={"knob": key, "policy": policy.name})
-    probe = make_probe(prepared.probe, host, clock=clock, policy=prepared, seed=prepared.tuning.seed)
+    probe = make_probe(policy.probe, host, clock=clock, policy=policy, seed=policy.tuning.seed)
     probe.start()
     # the simulated world reports its own CPU; a real probe's window gets CPU from the counters
-    sampler = None if prepared.probe.kind == "sim" else counters._sampler
-    env = engine_env(prepared, actuator, probe, clock, sampler=sampler, cpus=prepared.app_cpus or None)
-    return env, prepared, dropped
+    sampler = None if policy.probe.kind == "sim" else counters._sampler
+    return engine_env(policy, actuator, probe, clock, sampler=sampler, cpus=policy.app_cpus or None)
 
 
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,
                  max_rounds: int | None = None, observe: bool = False) -> Daemon:
-    from polltuned.engine.builder import build_actuator, build_tuner
+    from polltuned.engine.builder import build_actuator, build_tuner, prepare_policy
     from polltuned.host.identity import host_fingerprint
     from polltuned.study import Study
 
     host = FsHost(host_root)
     sd = Path(state_dir)
     actuator = build_actuator(host, sd, policy, clock)
+    policy, dropped = prepare_policy(policy, actuator)
     counters = CountersView(host, clock, nic_device(policy))
-    env, prepared, dropped = build_env(policy, host, actuator, clock, counters)
-    built: dict[str, tuple[TrialEnv, Policy, dict[str, str]]] = {policy.model_dump_json(): (env, prepared, dropped)}
+    env = build_env(policy, host, actuator, clock, counters)
+    built: dict[str, TrialEnv] = {policy.model_dump_json(): env}
     rounds = {"n": 0}
 
     def make_tuner(pol: Policy, _env: TrialEnv) -> TunerLike:
@@ -144,16 +149,17 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
         if key not in built:
             built.clear()
             built[key] = build_env(pol, host, actuator, clock, counters)
-            controller.env = built[key][0]  # HOLD measures under the new policy's probe too
-        e, prep, drop = built[key]
+            controller.env = built[key]  # HOLD measures under the new policy's probe too
         rounds["n"] += 1
         # the first round of a run may re-apply a confirmed deployment instead of searching again
-        return build_tuner(prep, e, Study.open(sd, prep), clock, host_fingerprint=host_fingerprint(host, prep.nic),
-                           resume=rounds["n"] == 1, observe=observe, dropped=drop)
+        return build_tuner(pol, built[key], Study.open(sd, pol), clock,
+                           host_fingerprint=host_fingerprint(host, pol.nic), resume=rounds["n"] == 1,
+                           observe=observe, dropped=daemon.dropped_knobs)
 
     controller = Controller(policy=policy, actuator=actuator, env=env, make_tuner=make_tuner, clock=clock,
                             meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds)
-    return Daemon(policy, host, actuator, controller, counters, sd)
+    daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped)
+    return daemon
 
 
 def load_daemon_policy(policy_ref: str, nic: str | None) -> Policy:

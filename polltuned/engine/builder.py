@@ -10,11 +10,12 @@ through these functions, so they tune the same engine over the same parts.
 that only acts on sockets created afterwards (``net.core.busy_read``) is dropped, with its reason,
 when the probe measures long-lived sockets it cannot re-create (tcp_rtt on established
 connections, a Prometheus histogram of a running server, a command that does not declare
-``fresh_sockets``); so is a knob this host does not have.
+``fresh_sockets``); so is a knob this host does not have (polltuned.knobs.compat).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from polltuned.optimiser import Optimiser
 from polltuned.policy.schema import Policy
 from polltuned.probes.base import Probe
 from polltuned.study import Study
+
+log = logging.getLogger("polltuned.engine")
 
 
 def probe_opens_fresh_sockets(policy: Policy) -> bool:
@@ -57,17 +60,6 @@ def inert_knobs(policy: Policy) -> dict[str, str]:
     return out
 
 
-def unavailable_knobs(actuator: Any, keys: Sequence[str]) -> dict[str, str]:
-    """Knobs the actuator cannot read on this host, with the reason."""
-    dropped: dict[str, str] = {}
-    for k in keys:
-        try:
-            actuator.read([k])
-        except PolltunedError as e:
-            dropped[k] = e.message
-    return dropped
-
-
 def without_knobs(policy: Policy, drop: Mapping[str, str]) -> Policy:
     """The policy with ``drop``'s knobs removed (and removed from every ``requires_nonzero``)."""
     if not drop:
@@ -79,16 +71,27 @@ def without_knobs(policy: Policy, drop: Mapping[str, str]) -> Policy:
 
 
 def prepare_policy(policy: Policy, actuator: Any | None = None) -> tuple[Policy, dict[str, str]]:
-    """The policy restricted to knobs that exist here and that the probe can see; the dropped ones
-    with their reasons. Raises PolltunedError when nothing is left to tune."""
-    dropped = dict(inert_knobs(policy))
-    if actuator is not None:
-        dropped.update(unavailable_knobs(actuator, [k for k in policy.knobs if k not in dropped]))
-    kept = without_knobs(policy, dropped)
+    """The policy restricted to knobs the probe can see and this host has (polltuned.knobs.compat:
+    missing knobs dropped, refused values and out-of-domain ranges narrowed), with one log line per
+    dropped knob; the dropped ones with their reasons. Raises KnobUnsupported (exit 4) when nothing
+    is left to tune."""
+    from polltuned.errors import KnobUnsupported
+
+    inert = inert_knobs(policy)
+    for key, why in inert.items():
+        log.warning("knob %s not tuned: %s", key, why, extra={"knob": key, "policy": policy.name})
+    kept = without_knobs(policy, inert)
+    dropped = dict(inert)
     if not kept.knobs:
-        raise PolltunedError(f"policy {policy.name}: no knob left to tune ("
-                             + "; ".join(f"{k}: {why}" for k, why in dropped.items()) + ")",
-                             code="policy-invalid")
+        raise KnobUnsupported(f"policy {policy.name}: no knob left to tune ("
+                              + "; ".join(f"{k}: {why}" for k, why in inert.items()) + ")")
+    if actuator is not None:
+        from polltuned.knobs.compat import detect, log_compat
+
+        compat = detect(actuator, kept)
+        log_compat(compat, log)
+        kept = compat.policy
+        dropped.update(compat.dropped)
     return kept, dropped
 
 

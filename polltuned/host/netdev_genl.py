@@ -17,8 +17,12 @@ The socket is opened in the namespace of the device (``netns=``), because napi i
 in the netns of the socket.
 
 Fake trees (tests, ``host.is_real`` false) use :class:`FileNetdev`: ``ROOT/netdev/policy``
-(lines ``attr max``) and one file per value ``ROOT/netdev/NS/DEV/NAPI_ID/ATTR`` (NS ``-`` for the
-host netns). It follows the same contract, including ENOENT for unknown ids.
+(lines ``attr max``: the napi-set policy) and one file per value ``ROOT/netdev/NS/DEV/NAPI_ID/ATTR``
+(NS ``-`` for the host netns). It follows the same contract, including ENOENT for unknown ids.
+Older kernels are faked by what is missing, as the real family reports it (knobs.md section 2):
+no ``ROOT/netdev`` at all = no netdev family (before 6.3); ``ROOT/netdev/ops`` lists the family's
+operations when it is not the full 6.13+ set (``dev-get`` only before 6.8, ``napi-get`` without
+``napi-set`` before 6.13; napi-get then reports NAPIs without per-NAPI config attributes).
 """
 
 from __future__ import annotations
@@ -250,9 +254,18 @@ class FileNetdev:
         self.ns = netns or "-"
         self.ifname_by_index = dict(ifname_by_index)
 
+    def _ops(self) -> set[str] | None:
+        """The family's operations from ``/netdev/ops``; None = the full 6.13+ set."""
+        if not self.host.exists("/netdev/ops"):
+            return None
+        return {ln.strip() for ln in self.host.read_text("/netdev/ops").splitlines() if ln.strip()}
+
     def caps(self) -> NapiSetCaps:
         p = "/netdev/policy"
-        if not self.host.exists(p):
+        if not self.host.exists("/netdev"):
+            return NapiSetCaps(False, reason="netdev genl family not available (kernel before 6.3)")
+        ops = self._ops()
+        if not self.host.exists(p) or (ops is not None and "napi-set" not in ops):
             return NapiSetCaps(False, reason="netdev napi-set not in the family policy (kernel before 6.13)")
         attrs: dict[str, tuple[int, int]] = {}
         for line in self.host.read_text(p).splitlines():
@@ -268,6 +281,12 @@ class FileNetdev:
         return f"/netdev/{self.ns}/{name}"
 
     def napis(self, ifindex: int) -> list[NapiInfo]:
+        if not self.host.exists("/netdev"):
+            raise HostError("netdev genl family unavailable (kernel before 6.3)", errno=errno_mod.EOPNOTSUPP)
+        ops = self._ops()
+        if ops is not None and "napi-get" not in ops:
+            raise HostError(f"napi-get ifindex {ifindex}: {os.strerror(errno_mod.EOPNOTSUPP)} (kernel before 6.8)",
+                            errno=errno_mod.EOPNOTSUPP)
         d = self._dir(ifindex)
         out = []
         for nid in self.host.glob(d, "*"):
@@ -284,6 +303,9 @@ class FileNetdev:
 
     def napi_set(self, napi_id: int, values: Mapping[str, int]) -> None:
         caps = self.caps()
+        if not caps.present:
+            raise HostError(f"napi-set id {napi_id}: {os.strerror(errno_mod.EOPNOTSUPP)} ({caps.reason})",
+                            errno=errno_mod.EOPNOTSUPP)
         for base in self.host.glob(f"/netdev/{self.ns}", "*"):
             d = f"/netdev/{self.ns}/{base}/{napi_id}"
             if self.host.exists(d):

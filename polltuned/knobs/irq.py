@@ -17,10 +17,11 @@ virtio, ``device/../msi_irqs``) filtered by their action names (config/control v
 
 from __future__ import annotations
 
+import errno as errno_mod
 import logging
 import re
 
-from polltuned.errors import HostError, KnobValueError
+from polltuned.errors import HostError, KnobValueError, ParseError
 from polltuned.host.cpus import format_cpu_list, online_cpus, parse_cpu_list
 from polltuned.host.fs import Host
 from polltuned.knobs.base import Availability, JsonValue, Knob, choice_domain, gone_or_raise
@@ -37,6 +38,25 @@ def is_queue_irq_name(name: str) -> bool:
     """Queue vectors by /sys/kernel/irq/N/actions name (knobs.md 3.4.3): ``virtio2-input.0``,
     ``i40e-eth0-TxRx-3``, ``mlx5_comp3@pci:...``, ``gve-ntfy-blk0``; not ``virtio2-config``."""
     return bool(name) and not _NON_QUEUE.search(name)
+
+
+def parse_affinity_map(text: str) -> dict[int, list[int]] | None:
+    """The explicit form ``read()`` returns, ``38:0-1;39:0`` (IRQ or thread id : CPU list, ``;``
+    between entries, ``""`` = none), as {id: cpus}; None when ``text`` is not in that form. Writing
+    it back restores exactly that placement, so a value read from the host (an engine's baseline)
+    is a valid value to write."""
+    if not text:
+        return {}
+    out: dict[int, list[int]] = {}
+    for part in text.split(";"):
+        n, sep, cpus = part.partition(":")
+        if not sep or not n.isdigit() or not cpus:
+            return None
+        try:
+            out[int(n)] = parse_cpu_list(cpus)
+        except ParseError:
+            return None
+    return out
 
 
 def expand_strategy(strategy: str, irqs: list[int], online: list[int], app: list[int]) -> dict[int, list[int]]:
@@ -71,6 +91,8 @@ class IrqAffinityKnob(Knob):
         self.domain = choice_domain(STRATEGIES, "expanded to /proc/irq/N/smp_affinity_list writes")
         self._last_plan: dict[int, list[int]] | None = None
         self.pending: list[str] = []
+        #: IRQs found managed at write time (kernels before 6.12: mode 0644, the write fails EIO)
+        self._managed_at_write: set[int] = set()
 
     # -- discovery ---------------------------------------------------------------------------
     def _msi_dir(self) -> str | None:
@@ -95,7 +117,7 @@ class IrqAffinityKnob(Knob):
         return sorted(out)
 
     def managed(self, irq: int) -> bool:
-        return not self.host.is_writable(f"/proc/irq/{irq}/smp_affinity_list")
+        return irq in self._managed_at_write or not self.host.is_writable(f"/proc/irq/{irq}/smp_affinity_list")
 
     def settable_irqs(self) -> tuple[list[int], list[int]]:
         irqs = self.queue_irqs()
@@ -116,6 +138,8 @@ class IrqAffinityKnob(Knob):
 
     # -- values ------------------------------------------------------------------------------
     def validate(self, value: object) -> KnobValue:
+        if isinstance(value, str) and value not in STRATEGIES and parse_affinity_map(value) is not None:
+            return value  # an explicit placement as read() returns it
         v = super().validate(value)
         if v in ("pack-app", "avoid-app"):
             try:
@@ -156,15 +180,33 @@ class IrqAffinityKnob(Knob):
             if not isinstance(baseline, dict):
                 return {}
             return {int(k): parse_cpu_list(str(v)) for k, v in baseline.items() if int(k) in ok}
+        explicit = parse_affinity_map(strategy) if strategy not in STRATEGIES else None
+        if explicit is not None:
+            return {irq: cpus for irq, cpus in explicit.items() if irq in ok}
         try:
             return expand_strategy(strategy, ok, online_cpus(self.host), self.app)
         except ValueError as e:
             raise KnobValueError(f"{self.key}: {strategy!r}: {e}") from None
 
     def write(self, value: KnobValue, *, baseline: JsonValue = None) -> None:
-        self._last_plan = self.plan(str(value), baseline)
-        for irq, cpus in self._last_plan.items():
-            self.host.write_text(f"/proc/irq/{irq}/smp_affinity_list", format_cpu_list(cpus) + "\n")
+        """Write the plan IRQ by IRQ. A managed IRQ the mode did not reveal (before 6.12 its file is
+        0644 and the write fails EIO; EPERM since) is skipped with one warning and left out of the
+        plan, the snapshot and verification from then on; if every IRQ is managed, nothing is written
+        and the error is raised."""
+        plan = self.plan(str(value), baseline)
+        self._last_plan = plan
+        for irq, cpus in list(plan.items()):
+            try:
+                self.host.write_text(f"/proc/irq/{irq}/smp_affinity_list", format_cpu_list(cpus) + "\n")
+            except HostError as e:
+                if e.errno not in (errno_mod.EIO, errno_mod.EPERM):
+                    raise
+                self._managed_at_write.add(irq)
+                del plan[irq]
+                log.warning("%s: irq %d is managed (affinity owned by the kernel: write failed %s); skipped",
+                            self.key, irq, errno_mod.errorcode.get(e.errno or 0, e.errno))
+                if not plan:
+                    raise
 
     def verify(self, value: KnobValue) -> bool:
         """The requested lists must read back exactly. ``effective_affinity_list`` is checked too,

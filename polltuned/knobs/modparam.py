@@ -42,16 +42,10 @@ MODULE_PARAMS: dict[str, Domain] = {
 
 def parse_module_key(key: str) -> tuple[str, str] | None:
     """(module, parameter) of a ``module:NAME:PARAM`` key, None for anything else."""
-    from polltuned.errors import UsageError
-    from polltuned.knobs.keys import KeyKind, parse_key
-
-    try:
-        k = parse_key(key)
-    except UsageError:
+    parts = key.split(":")
+    if len(parts) != 3 or parts[0] != "module" or not parts[1] or not parts[2] or "/" in key:
         return None
-    if k.kind is not KeyKind.MODULE or k.module is None:
-        return None
-    return k.module, k.attr
+    return parts[1], parts[2]
 
 
 def parse_param_text(text: str) -> KnobValue:

@@ -1,6 +1,19 @@
 """The explicit knob registry: key -> Knob for this host.
 
-Keys are parsed by :func:`polltuned.knobs.keys.parse_key` (the grammar is documented there).
+Keys are parsed by :func:`polltuned.knobs.keys.parse_key` (unknown or malformed keys raise
+KnobKeyError, exit 2, with the rule and the closest known key). Key grammar (kernel vocabulary verbatim):
+
+==============================  ==========================================================
+``net.core.busy_poll`` ...      sysctls listed in :data:`polltuned.knobs.sysctl.SYSCTLS`
+``DEV:napi_defer_hard_irqs``    per-device sysfs (:data:`polltuned.knobs.netdev.SYSFS_ATTRS`)
+``DEV:napi:gro-flush-timeout``  per-NAPI netlink (:data:`polltuned.knobs.netdev.NAPI_ATTRS`)
+``DEV:irq_affinity``            IRQ affinity strategy (:mod:`polltuned.knobs.irq`)
+``DEV:coalesce:rx-usecs``       ethtool coalescing (:data:`polltuned.knobs.coalesce.COALESCE_PARAMS`)
+``module:NAME:PARAM``           writable module parameter (:mod:`polltuned.knobs.modparam`)
+``vhost:affinity``              CPU affinity of vhost-* worker threads (:mod:`polltuned.knobs.vhost`)
+==============================  ==========================================================
+
+DEV is ``eth0`` or ``NETNS/DEV``.
 """
 
 from __future__ import annotations
@@ -12,7 +25,7 @@ from polltuned.host.netdev_genl import FileNetdev, GenlNetdev, NapiSetCaps, Netd
 from polltuned.knobs.base import Knob
 from polltuned.knobs.coalesce import COALESCE_PARAMS, CoalesceKnob
 from polltuned.knobs.irq import IrqAffinityKnob
-from polltuned.knobs.keys import KeyKind, parse_key
+from polltuned.knobs.keys import parse_key
 from polltuned.knobs.modparam import MODULE_PARAMS, ModuleParamKnob
 from polltuned.knobs.netdev import NAPI_ATTRS, SYSFS_ATTRS, Device, DeviceRef, NapiKnob, SysfsDevKnob
 from polltuned.knobs.sysctl import SYSCTLS, SysctlKnob
@@ -57,23 +70,23 @@ class KnobRegistry:
         return k
 
     def _build(self, key: str) -> Knob:
-        k = parse_key(key)
-        if k.kind is KeyKind.SYSCTL:
-            return SysctlKnob(self.host, SYSCTLS[key])
-        if k.kind is KeyKind.MODULE:
+        k = parse_key(key)  # KnobKeyError (exit 2) for unknown or malformed keys
+        if k.kind == "sysctl":
+            return SysctlKnob(self.host, SYSCTLS[k.attr])
+        if k.kind == "module-param":
             return ModuleParamKnob(self.host, key)
-        if k.kind is KeyKind.VHOST:
+        if k.kind == "vhost-affinity":
             return VhostAffinityKnob(self.host, self.app_cpus)
-        assert k.device is not None
-        ref = DeviceRef(k.netns, k.devname or "")
-        if k.kind is KeyKind.IRQ_AFFINITY:
+        ref = k.device
+        assert ref is not None
+        if k.kind == "irq-affinity":
             return IrqAffinityKnob(self.host, ref.name, self.app_cpus)
+        if k.kind == "ethtool-coalesce":
+            return CoalesceKnob(self.host, ref, k.attr)
         dev = self.device(ref)
-        if k.kind is KeyKind.SYSFS:
+        if k.kind == "netdev-sysfs":
             return SysfsDevKnob(dev, k.attr)
-        if k.kind is KeyKind.NAPI:
-            return NapiKnob(dev, k.attr)
-        return CoalesceKnob(self.host, ref, k.attr)
+        return NapiKnob(dev, k.attr)
 
     # -- enumeration for `polltuned check` -----------------------------------------------------
     def host_devices(self) -> list[str]:

@@ -16,6 +16,7 @@ from polltuned.errors import HostError, KnobValueError
 from polltuned.host.cpus import format_cpu_list, get_thread_affinity, online_cpus, parse_cpu_list, set_thread_affinity
 from polltuned.host.fs import Host
 from polltuned.knobs.base import Availability, JsonValue, Knob, KnobGone, choice_domain
+from polltuned.knobs.irq import parse_affinity_map
 from polltuned.records import KnobValue
 
 VHOST_AFFINITY_KEY = "vhost:affinity"
@@ -103,6 +104,8 @@ class VhostAffinityKnob(Knob):
         return cur
 
     def validate(self, value: object) -> KnobValue:
+        if isinstance(value, str) and value not in VHOST_STRATEGIES and parse_affinity_map(value) is not None:
+            return value  # an explicit placement as read() returns it
         v = super().validate(value)
         if v in ("pack-app", "avoid-app") and not self.app:
             raise KnobValueError(f"{self.key}: {v!r} needs app_cpus")
@@ -110,7 +113,11 @@ class VhostAffinityKnob(Knob):
 
     def write(self, value: KnobValue, *, baseline: JsonValue = None) -> None:
         online = online_cpus(self.host)
-        if value == "kernel-default":
+        explicit = parse_affinity_map(str(value)) if value not in VHOST_STRATEGIES else None
+        if explicit is not None:
+            live = set(vhost_threads(self.host))
+            plan = {tid: cpus for tid, cpus in explicit.items() if tid in live}
+        elif value == "kernel-default":
             plan = {int(k): parse_cpu_list(str(v)) for k, v in baseline.items()} if isinstance(baseline, dict) else {}
         else:
             cpus = [c for c in self.app if c in online] if value == "pack-app" else \
@@ -126,6 +133,10 @@ class VhostAffinityKnob(Knob):
                     raise
 
     def verify(self, value: KnobValue) -> bool:
+        explicit = parse_affinity_map(str(value)) if value not in VHOST_STRATEGIES else None
+        if explicit is not None:
+            cur = self._current()
+            return all(cur.get(str(t)) == format_cpu_list(c) for t, c in explicit.items() if str(t) in cur)
         return True if value == "kernel-default" else bool(self._current())
 
     def restore(self, state: JsonValue) -> None:

@@ -99,11 +99,30 @@ def format_validation_error(source: str, err: ValidationError, data: Mapping[str
 _UNION_TAGS = {"sockperf", "tcp_rtt", "prometheus", "command", "sim"}
 
 
+def knob_key_problems(source: str, keys: list[str]) -> list[str]:
+    """One line per knob key that is not in the catalogue (polltuned.knobs.keys): file, field,
+    value, the rule it breaks and the closest known key."""
+    from polltuned.knobs.keys import KnobKeyError, parse_key
+
+    out = []
+    for key in keys:
+        try:
+            parse_key(key, placeholder_ok=True)
+        except KnobKeyError as e:
+            out.append(f"{source}: knobs.{key}: {e.rule} (got {key!r})"
+                       + (f"; did you mean {e.suggestion}?" if e.suggestion else ""))
+    return out
+
+
 def policy_from_dict(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
     try:
-        return Policy.model_validate(dict(data))
+        pol = Policy.model_validate(dict(data))
     except ValidationError as e:
         raise PolicyError(format_validation_error(source, e, data)) from None
+    problems = knob_key_problems(source, list(pol.knobs))
+    if problems:
+        raise PolicyError(problems)
+    return pol
 
 
 def load_policy(name_or_path: str, nic: str | None = None) -> Policy:
@@ -112,6 +131,15 @@ def load_policy(name_or_path: str, nic: str | None = None) -> Policy:
     data = _read_toml(path, 0, ())
     pol = policy_from_dict(data, str(path))
     try:
-        return pol.resolve_nic(nic)
+        resolved = pol.resolve_nic(nic)
     except ValueError as e:
         raise PolicyError([f"{path}: nic: {e}"]) from None
+    from polltuned.knobs.keys import KnobKeyError, parse_key
+
+    for key in resolved.knobs:
+        if key not in pol.knobs:
+            try:
+                parse_key(key)
+            except KnobKeyError as e:
+                raise PolicyError([f"{path}: nic: {e.rule} (got {resolved.nic!r})"]) from None
+    return resolved

@@ -32,7 +32,29 @@ def make_probe(
 ) -> Probe:
     """The probe for ``cfg``. ``runner`` defaults to the real subprocess runner;
     ``client_cpus``/``server_cpus`` are sockperf layout overrides (the bench's workloads);
-    ``policy``/``seed`` are passed to the simulated probe."""
+    ``policy``/``seed`` are passed to the simulated probe. With ``policy``, a probe that does not
+    measure the throughput or drops the objective needs gets them from the policy's NIC link
+    statistics (polltuned.probes.linkrate)."""
+    probe = _make(cfg, host, clock=clock, runner=runner, client_cpus=client_cpus, server_cpus=server_cpus,
+                  policy=policy, seed=seed)
+    if policy is None or isinstance(cfg, SimConfig):
+        return probe
+    from polltuned.probes.linkrate import with_link_rates
+
+    return with_link_rates(probe, host, clock, policy.model_copy(update={"probe": cfg}))
+
+
+def _make(
+    cfg: ProbeConfig,
+    host: Host,
+    *,
+    clock: Clock,
+    runner: Runner | None,
+    client_cpus: Sequence[int] | None,
+    server_cpus: Sequence[int] | None,
+    policy: Policy | None,
+    seed: int,
+) -> Probe:
 
     def real_runner() -> Runner:
         if runner is not None:

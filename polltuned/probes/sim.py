@@ -85,17 +85,17 @@ def make_sim_probe(cfg: SimProbeConfig, host: Host, *, clock: Clock, policy: Pol
 
 def knob_path(key: str) -> str | None:
     """Where a knob lives in a (fake) kernel tree; None for knobs without a plain file."""
-    from polltuned.knobs.keys import KeyKind, parse_key
+    from polltuned.knobs.keys import parse_key
 
     try:
         k = parse_key(key)
     except PolltunedError:
         return None
-    if k.kind is KeyKind.MODULE:
+    if k.kind == "module-param":
         return f"/sys/module/{k.module}/parameters/{k.attr}"
-    if k.kind is KeyKind.SYSFS:
-        return f"/sys/class/net/{k.device}/{k.attr}"
-    if k.kind is KeyKind.SYSCTL:
+    if k.kind == "netdev-sysfs" and k.device is not None:
+        return f"/sys/class/net/{k.device.label}/{k.attr}"
+    if k.kind == "sysctl":
         return "/proc/sys/" + key.replace(".", "/")
     return None  # per-NAPI netlink / ethtool / IRQ strategies: no file to fake
 
