@@ -136,6 +136,7 @@ class Controller:
         self.round = 0
         self.events: deque[dict[str, Any]] = deque(maxlen=50)
         self.guard_events: deque[dict[str, Any]] = deque(maxlen=10)
+        self.guard_aborts = 0   # every guard event since start (guard_events keeps the last 10)
         self.result: Any = None
         self.recovery: dict[str, Any] = {}
         self.hold: dict[str, Any] = {}
@@ -231,6 +232,7 @@ class Controller:
                 kind = str(as_json.get("kind", "")) if isinstance(as_json, dict) else ""
                 if "guard" in kind.lower() or "guard" in msg.lower() or phase == ROLLBACK:
                     self.guard_events.append({"t": self.clock.wall(), "trial": trial, "message": msg})
+                    self.guard_aborts += 1
                 yield self.phase
         finally:
             self._tuner = None

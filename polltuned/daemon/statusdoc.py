@@ -62,12 +62,17 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
                      "windows_used": c.result.windows_used if c.result is not None else None},
         "knobs": knob_rows(d, c),
         "guard_events": list(c.guard_events),
+        "guard_aborts_total": c.guard_aborts,
+        "windows": {"measured": d.windows.measured, "failed": d.windows.failed},
         "recent_events": list(c.events)[-10:],
         "recovery": c.recovery,
         "hold": c.hold,
         "counters": d.counters.summary(),
         "on_exit": pol.on_exit,
     }
+    scope = getattr(c.env, "cpu_scope", None)   # polltuned.metrics.cpu_scope.CpuScope, once the env has one
+    if scope is not None and callable(getattr(scope, "status", None)):
+        doc["cpu_scope"] = scope.status()
     res = c.result
     if res is not None:
         v = res.verdict

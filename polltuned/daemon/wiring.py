@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from polltuned.host.fs import FsHost, Host
 from polltuned.journal import Journal
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
+from polltuned.records import Config, KnobValue, Window
 from polltuned.trial import TrialEnv
 
 log = logging.getLogger("polltuned.daemon")
@@ -98,6 +100,48 @@ class CountersView:
 
 
 @dataclass
+class WindowCounts:
+    """Measurement windows since the daemon started (tuning rounds and HOLD), for status and metrics."""
+
+    measured: int = 0
+    failed: int = 0
+
+
+class CountingEnv:
+    """A TrialEnv that counts the windows it measures and the failed ones; everything else is the
+    wrapped env's (attributes too, e.g. ``cpu_scope``)."""
+
+    def __init__(self, env: TrialEnv, counts: WindowCounts) -> None:
+        self.env = env
+        self.counts = counts
+
+    def current(self) -> dict[str, KnobValue]:
+        return self.env.current()
+
+    def apply(self, config: Config) -> None:
+        self.env.apply(config)
+
+    def measure(self, window_index: int) -> Window:
+        self.counts.measured += 1
+        try:
+            w = self.env.measure(window_index)
+        except PolltunedError:
+            self.counts.failed += 1
+            raise
+        if not w.ok:
+            self.counts.failed += 1
+        return w
+
+    def describe(self) -> Mapping[str, object]:
+        return self.env.describe()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "env":   # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+@dataclass
 class Daemon:
     policy: Policy
     host: FsHost
@@ -105,6 +149,7 @@ class Daemon:
     controller: Controller
     counters: CountersView
     state_dir: Path
+    windows: WindowCounts = field(default_factory=WindowCounts)
 
 
 def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, counters: CountersView) -> TrialEnv:
@@ -131,20 +176,21 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
     actuator = Actuator(host, journal, registry=KnobRegistry(host, app_cpus=policy.app_cpus),
                         app_cpus=policy.app_cpus, clock=clock)
     counters = CountersView(host, clock, nic_device(policy))
-    env = build_env(policy, host, actuator, clock, counters)
+    windows = WindowCounts()
+    env: TrialEnv = CountingEnv(build_env(policy, host, actuator, clock, counters), windows)
     envs: dict[str, TrialEnv] = {policy.model_dump_json(): env}
 
     def make_tuner(pol: Policy, _env: TrialEnv) -> TunerLike:
         key = pol.model_dump_json()
         if key not in envs:
             envs.clear()
-            envs[key] = build_env(pol, host, actuator, clock, counters)
+            envs[key] = CountingEnv(build_env(pol, host, actuator, clock, counters), windows)
             controller.env = envs[key]  # HOLD measures under the new policy's probe too
         return Tuner(pol, envs[key], Study.open(sd, pol), clock=clock)
 
     controller = Controller(policy=policy, actuator=actuator, env=env, make_tuner=make_tuner, clock=clock,
                             meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds)
-    return Daemon(policy, host, actuator, controller, counters, sd)
+    return Daemon(policy, host, actuator, controller, counters, sd, windows)
 
 
 def load_daemon_policy(policy_ref: str, nic: str | None) -> Policy:
