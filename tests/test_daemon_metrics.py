@@ -435,3 +435,35 @@ def test_real_daemon_process_serves_metrics_on_loopback(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
         w.close()
+
+
+def test_cpu_scope_of_the_env_reaches_status_and_metrics(tmp_path: Path) -> None:
+    """Once the engine's env carries a CpuScope (``env.cpu_scope``), status says where CPU is measured —
+    a whole-host fallback says so — and the exporter publishes it."""
+    from polltuned.metrics.cpu_scope import HostCpuScope, NoCpuScope
+
+    _, _, d = _sim_daemon(tmp_path, "scope", 4)
+    assert "cpu_scope" not in build_status(d, d.controller)          # no scope on the env: nothing invented
+    d.controller.env.env.cpu_scope = HostCpuScope(_NoSample(), "nic veth0 has no queue IRQs and the policy sets "
+                                                  "no app_cpus", fallbacks=["cgroup of kv.service unavailable: x"])
+    doc = build_status(d, d.controller)
+    assert doc["cpu_scope"]["scope"] == ("whole host (fallback: nic veth0 has no queue IRQs and the policy sets no "
+                                         "app_cpus)")
+    assert doc["cpu_scope"]["kind"] == "host" and doc["cpu_scope"]["fallbacks"] == ["cgroup of kv.service "
+                                                                                    "unavailable: x"]
+    json.dumps(doc)
+    fams = samples(generate_latest(_registry_with(doc)).decode())
+    assert one(fams, "polltuned_cpu_scope_info", kind="host") == 1
+    d.controller.env.env.cpu_scope = NoCpuScope("no counters sampler")
+    assert build_status(d, d.controller)["cpu_scope"]["scope"] == "none (no counters sampler)"
+
+
+class _NoSample:
+    def sample(self) -> Any:
+        raise AssertionError("status must not sample counters")
+
+
+def _registry_with(doc: Mapping[str, Any]) -> Any:
+    ex = MetricsExporter(MetricsConfig(), clock=FakeClock())
+    ex.publish(doc)
+    return ex.registry
