@@ -444,7 +444,9 @@ def test_cpu_scope_of_the_env_reaches_status_and_metrics(tmp_path: Path) -> None
 
     _, _, d = _sim_daemon(tmp_path, "scope", 4)
     assert "cpu_scope" not in build_status(d, d.controller)          # no scope on the env: nothing invented
-    d.controller.env.env.cpu_scope = HostCpuScope(_NoSample(), "nic veth0 has no queue IRQs and the policy sets "
+    counting: Any = d.controller.env
+    host_env = counting.env                                          # the HostEnv inside the counting wrapper
+    host_env.cpu_scope = HostCpuScope(_NoSample(), "nic veth0 has no queue IRQs and the policy sets "
                                                   "no app_cpus", fallbacks=["cgroup of kv.service unavailable: x"])
     doc = build_status(d, d.controller)
     assert doc["cpu_scope"]["scope"] == ("whole host (fallback: nic veth0 has no queue IRQs and the policy sets no "
@@ -454,7 +456,7 @@ def test_cpu_scope_of_the_env_reaches_status_and_metrics(tmp_path: Path) -> None
     json.dumps(doc)
     fams = samples(generate_latest(_registry_with(doc)).decode())
     assert one(fams, "polltuned_cpu_scope_info", kind="host") == 1
-    d.controller.env.env.cpu_scope = NoCpuScope("no counters sampler")
+    host_env.cpu_scope = NoCpuScope("no counters sampler")
     assert build_status(d, d.controller)["cpu_scope"]["scope"] == "none (no counters sampler)"
 
 
