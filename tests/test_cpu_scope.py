@@ -303,6 +303,8 @@ def test_irq_affinity_and_rps_define_the_queue_cpus(tmp_path: Path) -> None:
     tree = vm_tree(tmp_path)
     (tree / "proc/irq/38").mkdir(parents=True)
     (tree / "proc/irq/38/effective_affinity_list").write_text("1\n")
+    (tree / "proc/irq/39").mkdir(parents=True)
+    (tree / "proc/irq/39/smp_affinity_list").write_text("0-1\n")   # allowed set only: not a target
     host = FsHost(tree)
     clock = FakeClock()
     sampler = Sampler(host, clock=clock, nic="eth0")

@@ -43,7 +43,7 @@ log = logging.getLogger("polltuned.metrics")
 
 #: the per-CPU fields that make up the CPU term on a CPU scope (busy polling shows up as system time)
 CPU_FIELDS = ("system", "softirq", "irq")
-ScopeKind = Literal["cgroup", "cpus", "host"]
+ScopeKind = Literal["cgroup", "cpus", "host", "none"]
 
 
 class CpuSampler(Protocol):
@@ -198,14 +198,15 @@ IrqCpus = Callable[[int], "list[int] | None"]
 
 
 def irq_target_cpus(host: Host) -> IrqCpus:
+    """``/proc/irq/N/effective_affinity_list`` (4.13+): the CPU the vector really targets. Not
+    ``smp_affinity_list``: that is the allowed set, all CPUs by default, and would make the scope the
+    whole host without saying so; where the effective list is missing the CPUs the IRQs fire on count."""
     def read(irq: int) -> list[int] | None:
-        for name in ("effective_affinity_list", "smp_affinity_list"):
-            p = f"/proc/irq/{irq}/{name}"
-            try:
-                return parse_cpu_list(host.read_text(p), p)
-            except (HostError, ParseError):
-                continue
-        return None
+        p = f"/proc/irq/{irq}/effective_affinity_list"
+        try:
+            return parse_cpu_list(host.read_text(p), p)
+        except (HostError, ParseError):
+            return None
     return read
 
 
@@ -304,6 +305,8 @@ class CpusCpuScope(CpuScope):
 
 class NoCpuScope(CpuScope):
     """No way to measure CPU (no counters sampler and no cgroup): every window says why."""
+
+    kind: ScopeKind = "none"
 
     def __init__(self, why: str, fallbacks: Sequence[str] = ()) -> None:
         super().__init__(fallbacks)
