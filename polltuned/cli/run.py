@@ -67,9 +67,14 @@ def run(args: argparse.Namespace) -> int:
         pol = load_daemon_policy(r, n)
         return d.fit(sim.swap_probe(pol) if sim is not None else pol)
 
+    metrics = None
+    if cfg.metrics.http_address is not None or cfg.metrics.textfile is not None:
+        from polltuned.daemon.metrics import build_exporter
+
+        metrics = build_exporter(cfg.metrics, clock)
     service = Service(controller=d.controller, notifier=Notifier(), run_dir=run_dir, clock=clock,
                       build_status=lambda c: build_status(d, c), reload_policy=reload_policy,  # type: ignore[arg-type]
-                      status_interval_s=cfg.status_interval_s)
+                      status_interval_s=cfg.status_interval_s, metrics=metrics)
     log.info("starting: policy %s, host root %s, state %s", policy.name, host_root, state_dir,
              extra={"policy": policy.name})
     rc = service.run()

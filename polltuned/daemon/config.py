@@ -2,12 +2,52 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from polltuned.errors import PolicyError
+
+
+class MetricsConfig(BaseModel):
+    """Prometheus export of the daemon's state (polltuned.daemon.metrics); both ways out are opt-in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_remote: bool = False
+    http_address: str | None = Field(None, description="serve /metrics on this address (loopback unless "
+                                     "allow_remote); unset = no listener")
+    http_port: int = Field(9877, ge=1, le=65535)
+    textfile: str | None = Field(None, description="node_exporter textfile-collector file, rewritten atomically "
+                                 "when the status is published; unset = none")
+    textfile_min_interval_s: float = Field(1.0, ge=0, le=3600)
+
+    @field_validator("http_address")
+    @classmethod
+    def _loopback(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        if v == "localhost":
+            return "127.0.0.1"
+        try:
+            ip = ipaddress.ip_address(v.strip("[]"))
+        except ValueError:
+            raise ValueError("must be an IP address such as 127.0.0.1 or ::1") from None
+        if not ip.is_loopback and not info.data.get("allow_remote"):
+            raise ValueError("must be a loopback address (127.0.0.0/8 or ::1) unless metrics.allow_remote = true")
+        return str(ip)
+
+    @field_validator("textfile")
+    @classmethod
+    def _prom_file(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.startswith("/") or not v.endswith(".prom") or v.endswith("/.prom"):
+            raise ValueError("must be an absolute path ending in .prom (node_exporter's textfile collector "
+                             "reads only *.prom)")
+        return v
 
 
 class DaemonConfig(BaseModel):
@@ -19,6 +59,7 @@ class DaemonConfig(BaseModel):
     run_dir: str = "/run/polltuned"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     status_interval_s: float = Field(5.0, gt=0)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
 
 def load_config(path: str | Path) -> DaemonConfig:

@@ -129,6 +129,7 @@ class Controller:
         self.round = 0
         self.events: deque[dict[str, Any]] = deque(maxlen=50)
         self.guard_events: deque[dict[str, Any]] = deque(maxlen=10)
+        self.guard_aborts = 0   # every guard event since start (guard_events keeps the last 10)
         self.result: Any = None
         self.recovery: dict[str, Any] = {}
         self.hold: dict[str, Any] = {}
@@ -219,6 +220,7 @@ class Controller:
                 self._set(ev.phase, ev.message, ev.trial)
                 if ev.phase is Phase.ROLLBACK or "guard" in ev.message.lower():
                     self.guard_events.append({"t": self.clock.wall(), "trial": ev.trial, "message": ev.message})
+                    self.guard_aborts += 1
                 yield self.phase
         finally:
             self._tuner = None

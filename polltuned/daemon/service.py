@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from polltuned.clock import Clock
 from polltuned.daemon.controller import RECOVER, Controller
@@ -24,6 +24,14 @@ from polltuned.host.systemd import Notifier
 from polltuned.policy.schema import Policy
 
 log = logging.getLogger("polltuned.daemon")
+
+
+class MetricsSink(Protocol):
+    """polltuned.daemon.metrics.MetricsExporter: listener opened at start, fed every status, closed at exit."""
+
+    def start(self) -> None: ...
+    def publish(self, doc: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -43,6 +51,7 @@ class Service:
         build_status: Callable[[Controller], dict[str, Any]],
         reload_policy: Callable[[], Policy],
         status_interval_s: float = 5.0,
+        metrics: MetricsSink | None = None,
     ) -> None:
         self.controller = controller
         self.notifier = notifier
@@ -51,6 +60,7 @@ class Service:
         self.build_status = build_status
         self.reload_policy = reload_policy
         self.status_interval_s = status_interval_s
+        self.metrics = metrics
         self.flags = _Flags()
         self.lock = InstanceLock(run_dir)
         self._pid = os.getpid()
@@ -80,6 +90,8 @@ class Service:
             write_status(self.run_dir, doc)
         except OSError as e:
             log.warning("cannot write status file in %s: %s", self.run_dir, e.strerror)
+        if self.metrics is not None:
+            self.metrics.publish(doc)
 
     def _short(self) -> str:
         c = self.controller
@@ -92,6 +104,8 @@ class Service:
 
     def run(self) -> int:
         self.lock.acquire()
+        if self.metrics is not None:
+            self.metrics.start()
         old = {
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_stop),
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_stop),
@@ -129,6 +143,8 @@ class Service:
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+            if self.metrics is not None:
+                self.metrics.close()
             self.lock.release()
 
     def _reload(self) -> None:

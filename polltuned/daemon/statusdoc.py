@@ -63,12 +63,17 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
         "knobs": knob_rows(d, c),
         "dropped_knobs": dict(getattr(d, "dropped_knobs", {})),
         "guard_events": list(c.guard_events),
+        "guard_aborts_total": c.guard_aborts,
+        "windows": {"measured": d.windows.measured, "failed": d.windows.failed},
         "recent_events": list(c.events)[-10:],
         "recovery": c.recovery,
         "hold": c.hold,
         "counters": d.counters.summary(),
         "on_exit": pol.on_exit,
     }
+    scope = getattr(c.env, "cpu_scope", None)   # polltuned.metrics.cpu_scope.CpuScope, once the env has one
+    if scope is not None and callable(getattr(scope, "status", None)):
+        doc["cpu_scope"] = scope.status()
     res = c.result
     if res is not None:
         v = res.verdict

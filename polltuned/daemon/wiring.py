@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from polltuned.errors import PolltunedError
 from polltuned.host.fs import FsHost, Host
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
+from polltuned.records import Config, KnobValue, Window
 
 log = logging.getLogger("polltuned.daemon")
 
@@ -97,6 +99,48 @@ class CountersView:
 
 
 @dataclass
+class WindowCounts:
+    """Measurement windows since the daemon started (tuning rounds and HOLD), for status and metrics."""
+
+    measured: int = 0
+    failed: int = 0
+
+
+class CountingEnv:
+    """A TrialEnv that counts the windows it measures and the failed ones; everything else is the
+    wrapped env's (attributes too, e.g. ``cpu_scope``)."""
+
+    def __init__(self, env: TrialEnv, counts: WindowCounts) -> None:
+        self.env = env
+        self.counts = counts
+
+    def current(self) -> dict[str, KnobValue]:
+        return self.env.current()
+
+    def apply(self, config: Config) -> None:
+        self.env.apply(config)
+
+    def measure(self, window_index: int) -> Window:
+        self.counts.measured += 1
+        try:
+            w = self.env.measure(window_index)
+        except PolltunedError:
+            self.counts.failed += 1
+            raise
+        if not w.ok:
+            self.counts.failed += 1
+        return w
+
+    def describe(self) -> Mapping[str, object]:
+        return self.env.describe()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "env":   # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+@dataclass
 class Daemon:
     policy: Policy
     host: FsHost
@@ -107,6 +151,7 @@ class Daemon:
     #: knobs of the policy not tuned here (key -> reason): the host lacks them, or the probe cannot
     #: see them (polltuned.engine.builder.prepare_policy)
     dropped_knobs: dict[str, str] = field(default_factory=dict)
+    windows: WindowCounts = field(default_factory=WindowCounts)
 
     def fit(self, policy: Policy) -> Policy:
         """The policy restricted to what this host and its probe support (one log line per dropped
@@ -120,13 +165,16 @@ class Daemon:
 def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, counters: CountersView) -> TrialEnv:
     """The prepared policy's probe and a HostEnv (the engine's builder)."""
     from polltuned.engine.builder import build_env as engine_env
+    from polltuned.metrics.cpu_scope import make_cpu_scope
     from polltuned.probes.factory import make_probe
 
     probe = make_probe(policy.probe, host, clock=clock, policy=policy, seed=policy.tuning.seed)
     probe.start()
-    # the simulated world reports its own CPU; a real probe's window gets CPU from the counters
-    sampler = None if policy.probe.kind == "sim" else counters._sampler
-    return engine_env(policy, actuator, probe, clock, sampler=sampler, cpus=policy.app_cpus or None)
+    if policy.probe.kind == "sim":  # the simulated world reports its own CPU
+        return engine_env(policy, actuator, probe, clock)
+    sampler = counters._sampler
+    scope = make_cpu_scope(policy, host, sampler, sampler.nics if sampler is not None else None, clock=clock)
+    return engine_env(policy, actuator, probe, clock, cpu_scope=scope)
 
 
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,
@@ -140,7 +188,8 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
     actuator = build_actuator(host, sd, policy, clock)
     policy, dropped = prepare_policy(policy, actuator)
     counters = CountersView(host, clock, nic_device(policy))
-    env = build_env(policy, host, actuator, clock, counters)
+    windows = WindowCounts()
+    env: TrialEnv = CountingEnv(build_env(policy, host, actuator, clock, counters), windows)
     built: dict[str, TrialEnv] = {policy.model_dump_json(): env}
     rounds = {"n": 0}
 
@@ -148,7 +197,7 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
         key = pol.model_dump_json()
         if key not in built:
             built.clear()
-            built[key] = build_env(pol, host, actuator, clock, counters)
+            built[key] = CountingEnv(build_env(pol, host, actuator, clock, counters), windows)
             controller.env = built[key]  # HOLD measures under the new policy's probe too
         rounds["n"] += 1
         # the first round of a run may re-apply a confirmed deployment instead of searching again
@@ -158,7 +207,7 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
 
     controller = Controller(policy=policy, actuator=actuator, env=env, make_tuner=make_tuner, clock=clock,
                             meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds)
-    daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped)
+    daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped, windows)
     return daemon
 
 

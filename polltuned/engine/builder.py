@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from polltuned.clock import Clock
-from polltuned.engine.env import CpuSampler, HostEnv
+from polltuned.engine.env import CpuSampler, CpuScopeLike, HostEnv
 from polltuned.engine.tuner import Tuner
 from polltuned.errors import PolltunedError
 from polltuned.optimiser import Optimiser
@@ -108,8 +108,9 @@ def build_actuator(host: Any, state_dir: Path, policy: Policy, clock: Clock) -> 
 
 
 def build_env(policy: Policy, actuator: Any, probe: Probe, clock: Clock, *,
-              sampler: CpuSampler | None = None, cpus: Sequence[int] | None = None) -> HostEnv:
-    return HostEnv(policy, actuator, probe, clock=clock, sampler=sampler, cpus=cpus)
+              sampler: CpuSampler | None = None, cpus: Sequence[int] | None = None,
+              cpu_scope: CpuScopeLike | None = None) -> HostEnv:
+    return HostEnv(policy, actuator, probe, clock=clock, sampler=sampler, cpus=cpus, cpu_scope=cpu_scope)
 
 
 def build_tuner(policy: Policy, env: Any, store: Study, clock: Clock, *, optimiser: Optimiser | None = None,

@@ -11,6 +11,7 @@ The engine only ever talks to a :class:`TrialEnv`. Implementations:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from polltuned.clock import Clock
@@ -37,6 +38,19 @@ class TrialEnv(Protocol):
     def describe(self) -> Mapping[str, object]:
         """Facts for reports: host, nic, probe, workload."""
         ...
+
+
+class CpuReadingLike(Protocol):
+    @property
+    def cores(self) -> float: ...
+
+
+class CpuScopeLike(Protocol):
+    """``polltuned.metrics.cpu_scope.CpuScope`` as seen from here."""
+
+    def begin(self) -> None: ...
+    def end(self) -> CpuReadingLike: ...
+    def describe(self) -> str: ...
 
 
 class ActuatorLike(Protocol):
@@ -75,13 +89,18 @@ def _value(v: Any) -> KnobValue:
 
 class HostEnv:
     def __init__(self, policy: Policy, actuator: ActuatorLike, probe: Probe, *, clock: Clock,
-                 sampler: CpuSampler | None = None, cpus: Sequence[int] | None = None) -> None:
+                 sampler: CpuSampler | None = None, cpus: Sequence[int] | None = None,
+                 cpu_scope: CpuScopeLike | None = None) -> None:
         self.policy = policy
         self.actuator = actuator
         self.probe = probe
         self.clock = clock
         self.sampler = sampler
         self.cpus = list(cpus) if cpus is not None else None
+        #: where the objective's CPU comes from (polltuned.metrics.cpu_scope: the service's cgroup,
+        #: the NIC-queue + app CPUs, or the whole host as a stated fallback); when set, it is used
+        #: instead of ``sampler``/``cpus``
+        self.cpu_scope = cpu_scope
 
     def current(self) -> dict[str, KnobValue]:
         keys = list(self.policy.knobs)
@@ -94,6 +113,8 @@ class HostEnv:
     def measure(self, window_index: int) -> Window:
         self.clock.sleep(self.policy.tuning.settle_s)
         self.probe.restart()
+        if self.cpu_scope is not None:
+            return self._measure_scoped(window_index, self.cpu_scope)
         s0 = None
         if self.sampler is not None:
             try:
@@ -112,6 +133,21 @@ class HostEnv:
                        extra=w.extra)
         return w
 
+    def _measure_scoped(self, window_index: int, scope: CpuScopeLike) -> Window:
+        try:
+            scope.begin()
+        except PolltunedError as e:
+            return Window.failed(e.message)
+        w = self.probe.measure(self.policy.tuning.window_s, window_index)
+        if w.ok and w.cpu_cores is None:
+            try:
+                r = scope.end()
+            except PolltunedError as e:
+                return Window.failed(e.message, w.duration_s)
+            w = replace(w, cpu_cores=r.cores)
+        return w
+
     def describe(self) -> Mapping[str, object]:
         return {"probe": getattr(self.probe, "name", "?"), "policy": self.policy.name,
-                "cpus": self.cpus}
+                "cpus": self.cpus,
+                "cpu_scope": self.cpu_scope.describe() if self.cpu_scope is not None else None}

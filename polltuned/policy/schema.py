@@ -76,7 +76,12 @@ class KnobSpec(_Strict):
         return self
 
 
-class SockperfProbe(_Strict):
+class _ProbeBase(_Strict):
+    unit: str | None = Field(None, pattern=r"^[A-Za-z0-9:_.@\\-]+$", description=(
+        "systemd unit of the measured service (nginx.service): the objective's CPU is its cgroup's cpu.stat"))
+
+
+class SockperfProbe(_ProbeBase):
     kind: Literal["sockperf"] = "sockperf"
     target: str = "198.18.0.2"
     port: int = Field(11111, ge=1, le=65535)
@@ -93,7 +98,7 @@ class SockperfProbe(_Strict):
     timeout_s: float = Field(30.0, gt=0)
 
 
-class TcpRttProbe(_Strict):
+class TcpRttProbe(_ProbeBase):
     kind: Literal["tcp_rtt"] = "tcp_rtt"
     port: int | None = Field(None, ge=1, le=65535)
     side: Literal["src", "dst", "any"] = "any"
@@ -103,7 +108,7 @@ class TcpRttProbe(_Strict):
     min_sockets: int = Field(1, ge=1)
 
 
-class PrometheusProbe(_Strict):
+class PrometheusProbe(_ProbeBase):
     kind: Literal["prometheus"] = "prometheus"
     url: str
     metric: str = Field(description="histogram base name, e.g. http_request_duration_seconds")
@@ -112,7 +117,7 @@ class PrometheusProbe(_Strict):
     timeout_s: float = Field(5.0, gt=0)
 
 
-class CommandProbe(_Strict):
+class CommandProbe(_ProbeBase):
     kind: Literal["command"] = "command"
     argv: list[str] = Field(min_length=1)
     regex: str | None = None
@@ -131,7 +136,7 @@ class CommandProbe(_Strict):
         return self
 
 
-class SimProbe(_Strict):
+class SimProbe(_ProbeBase):
     kind: Literal["sim"] = "sim"
     scenario: str = Field(description="path to a scenario .py file, or the name of a shipped scenario")
 
