@@ -185,6 +185,29 @@ class Study:
         return None
 
 
+    # ---------------------------------------------------------------- fleet hooks (single host)
+    # A store shared by the hosts of one workload class (polltuned.study backends for fleets)
+    # answers these from every host's records; this single-host store has no other hosts.
+    def join_class(self, session: str, baseline_j: float, noise_sd: float) -> bool:
+        """Offer this host's baseline level and window noise to its workload class; True when the
+        class accepts it (its observations are then shared), False to tune alone."""
+        return False
+
+    def shared_observations(self, session: str, baseline: Mapping[str, KnobValue]
+                            ) -> list[tuple[dict[str, KnobValue], float]]:
+        """Told values (log-ratios to each host's own reference level) of the *other* hosts of the
+        class that started from the same baseline configuration."""
+        return []
+
+    def pending_configs(self, session: str) -> list[dict[str, KnobValue]]:
+        """Configurations other hosts of the class are measuring right now."""
+        return []
+
+    def set_pending(self, session: str, config: Mapping[str, KnobValue] | None) -> None:
+        """Announce (or clear, with None) the configuration this host is measuring."""
+        return None
+
+
 def _default(o: object) -> object:
     if hasattr(o, "item"):
         return o.item()  # numpy scalars

@@ -96,6 +96,8 @@ class SessionState:
     refs: ReferenceSeries = field(default_factory=ReferenceSeries)
     obs: list[WindowObs] = field(default_factory=list)
     prior: list[tuple[dict[str, KnobValue], float]] = field(default_factory=list)
+    shared: list[tuple[dict[str, KnobValue], float]] = field(default_factory=list)
+    in_class: bool = False           # the store's workload class accepted this host (fleet)
     trials: list[TrialRecord] = field(default_factory=list)
     guard_events: list[str] = field(default_factory=list)
     windows_used: int = 0

@@ -105,6 +105,10 @@ class Tuner:
         if self.observe:
             yield from self._observe(st)
             return
+        st.in_class = self.store.join_class(st.session, st.j_ref, st.refs.noise_sd())
+        if st.in_class:
+            yield Event(Phase.BASELINE, "this host joined its workload class: the search shares the class's "
+                                        "observations and pending trials")
         yield from self._search(st)
         yield from self._conclude(st)
 
@@ -293,8 +297,19 @@ class Tuner:
                 yield from self._measure_reference(st)
                 continue
             yield Event(Phase.PROPOSE, "asking the optimiser", trial=st.trial_no)
-            cfg = self._opt.ask(remaining=pol.tuning.budget - st.windows_used)
+            pending: list[dict[str, KnobValue]] = []
+            if st.in_class:
+                # what the other hosts of the class measured (relative to their own baselines) and
+                # what they are measuring now (not proposed twice: constant liar)
+                st.shared = self.store.shared_observations(st.session, st.baseline)
+                pending = self.store.pending_configs(st.session)
+                self._retell(st)
+            cfg = self._opt.ask(remaining=pol.tuning.budget - st.windows_used, pending=pending)
+            if st.in_class:
+                self.store.set_pending(st.session, cfg)
             yield from self._trial(st, cfg)
+            if st.in_class:
+                self.store.set_pending(st.session, None)
             if st.consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
                 st.guard_events.append(f"{st.consecutive_failures} consecutive failed trials: search stopped")
                 break
@@ -418,7 +433,7 @@ class Tuner:
         """Every observation of the current regime with its up-to-date reference level."""
         if self._opt is None:
             return
-        obs: list[tuple[Mapping[str, KnobValue], float]] = list(st.prior)
+        obs: list[tuple[Mapping[str, KnobValue], float]] = [*st.prior, *st.shared]
         obs += [(o.config, self._told(st, o)) for o in st.obs]
         self._opt.retell(obs)
         self._opt.set_noise(st.refs.noise_sd() * math.sqrt(1.5))
