@@ -86,6 +86,12 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         rel = hold.get("relative_change") or {}
         out.append(f"hold: {hold.get('windows', 0)} windows watched, drift streak {hold.get('drift_streak', 0)}"
                    + ("; change vs reference: " + ", ".join(f"{k} {v:+.0%}" for k, v in rel.items()) if rel else ""))
+    reloads = doc.get("reloads") or []
+    if reloads and isinstance(reloads[-1], Mapping):
+        last = reloads[-1]
+        out.append("")
+        out.append(f"last reload: {last.get('outcome', '?')} in phase {last.get('phase', '?')}, policy "
+                   f"{last.get('policy', '?')}" + (f" — {last['message']}" if last.get("message") else ""))
     rec = doc.get("recommendations") or {}
     if rec:
         out.append("")
