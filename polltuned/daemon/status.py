@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polltuned.errors import LockedError
+from polltuned.errors import LockedError, PermissionNeeded
 
 STATUS_VERSION = 1
 STATUS_FILE = "status.json"
@@ -87,11 +87,17 @@ def holder_pid(run_dir: str | Path) -> int | None:
 
 
 def daemon_running(run_dir: str | Path) -> bool:
-    """True when some process holds the instance lock (works across pid namespaces)."""
+    """True when some process holds the instance lock (works across pid namespaces).
+
+    PermissionNeeded when the run directory cannot be read (it is root:polltuned 0750)."""
     p = Path(run_dir) / LOCK_FILE
-    if not p.exists():
-        return False
-    fd = os.open(p, os.O_RDONLY)
+    try:
+        if not p.exists():
+            return False
+        fd = os.open(p, os.O_RDONLY)
+    except PermissionError:
+        raise PermissionNeeded(f"{run_dir}: cannot read the daemon's status: permission denied",
+                               hint="run it as root or as a member of group polltuned") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
