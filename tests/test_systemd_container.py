@@ -342,4 +342,8 @@ def test_unit_under_real_systemd(container: tuple[Container, Path]) -> None:
     assert st == {"ActiveState": "inactive", "Result": "success"}, st
     assert _tree(root) == originals, "stop did not restore every knob"
     assert c.run("test", "-e", "/run/polltuned", check=False).returncode != 0  # RuntimeDirectoryPreserve=no
+    # a member, with the daemon stopped: the journal is root's, so the host state is "unknown", not "clean"
+    member = c.run(PT, "--host-root", "/srv/pt/root", "status", user="ptmember", check=False)
+    assert member.returncode == 0 and "not running" in member.stdout and "unknown" in member.stdout, member
+    assert "clean" in c.run(PT, "--host-root", "/srv/pt/root", "status").stdout  # root can tell
     print(f"systemd checks took {time.monotonic() - t_start:.1f} s after boot")
