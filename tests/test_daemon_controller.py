@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polltuned.clock import FakeClock
-from polltuned.daemon.controller import HOLD, RECOVER, ROLLBACK, STOPPED, Controller, DriftDetector
+from polltuned.daemon.controller import HOLD, RECOVER, RELOAD, ROLLBACK, STOPPED, Controller, DriftDetector
 from polltuned.policy.loader import policy_from_dict
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
@@ -264,3 +264,201 @@ def test_hold_retunes_when_the_probe_starts_working_after_a_failed_baseline() ->
     list(c.steps())
     assert len(made) == 2, "the daemon never retried after the probe started working"
     assert env.calls == 3 + 2  # three failed windows, then drift_windows (2) usable ones
+
+
+# ---- reload (SIGHUP) in every phase: re-tune with the new policy, never exit because of it ----
+
+def _reload_run(trigger: str, *, when_calls: int = 0, new: Policy | None = None,
+                act: FakeActuator | None = None) -> tuple[Controller, list[str], list[str], FakeActuator]:
+    """Run a controller for two rounds; request a reload the first time ``trigger`` is yielded."""
+    act = act or FakeActuator()
+    seen: list[str] = []
+    env = FakeEnv([100.0] * 100)
+
+    def make(p: Policy, e: Any) -> FakeTuner:
+        seen.append(p.name)
+        return FakeTuner(act, ["BASELINE", "PROPOSE", "APPLY", "MEASURE", "CONFIRM"])
+
+    c = Controller(policy=_policy(hold={"interval_s": 2.0, "drift_windows": 50}), actuator=act, env=env,
+                   make_tuner=make, clock=FakeClock(), max_rounds=2)
+    new = new or _policy(name="second", hold={"interval_s": 2.0, "drift_windows": 50})
+    phases: list[str] = []
+    done = False
+    for phase in c.steps():
+        phases.append(phase)
+        if not done and phase == trigger and env.calls >= when_calls:
+            c.request_reload(new)
+            done = True
+        elif done and phase == HOLD and c.policy.name == new.name:
+            c.request_stop()  # the new policy's round is done: end the run (HOLD would last forever)
+    assert done, f"phase {trigger} never reached"
+    return c, phases, seen, act
+
+
+def test_reload_in_recover_tunes_the_first_round_with_the_new_policy() -> None:
+    c, phases, seen, _act = _reload_run(RECOVER)
+    assert seen[0] == "second", "the first round did not use the policy reloaded during RECOVER"
+    assert RELOAD in phases and phases.index(RELOAD) < phases.index("BASELINE")
+    assert c.reloads[-1]["outcome"] == "accepted" and c.reloads[-1]["phase"] == RECOVER
+
+
+def test_reload_during_a_tuning_round_ends_it_and_retunes() -> None:
+    c, phases, seen, act = _reload_run("PROPOSE")
+    assert seen == ["t", "second"]
+    # round 1 was cut short (its tuner was stopped before CONFIRM); round 2 ran in full
+    first_reload = phases.index(RELOAD)
+    assert "CONFIRM" not in phases[:first_reload]
+    assert "CONFIRM" in phases[first_reload:]
+    assert HOLD not in phases[:first_reload], "a reload mid-round must not go through HOLD"
+    assert c.round == 2 and c.policy.name == "second"
+    assert phases[-2:] == [ROLLBACK, STOPPED] and act.rollbacks == 1  # only the exit restores
+
+
+def test_reload_in_hold_retunes_instead_of_exiting() -> None:
+    """Issue 10: SIGHUP in HOLD made _hold return False, and the daemon exited (status 0)."""
+    c, phases, seen, act = _reload_run(HOLD, when_calls=2)
+    assert seen == ["t", "second"], "no new round after a reload in HOLD"
+    i = phases.index(RELOAD)
+    assert HOLD in phases[:i] and "BASELINE" in phases[i:]
+    assert ROLLBACK not in phases[:i] and STOPPED not in phases[:i], "the reload took the exit path"
+    assert c.round == 2 and act.rollbacks == 1
+
+
+def test_reload_that_drops_knobs_restores_the_originals_first() -> None:
+    act = FakeActuator()
+    new = _policy(name="fewer", knobs={"net.core.busy_read": {"min": 0, "max": 100}},
+                  hold={"interval_s": 2.0, "drift_windows": 50})
+    c, _phases, _seen, act = _reload_run(HOLD, when_calls=1, new=new, act=act)
+    # one rollback at the switch (busy_poll is no longer managed), one at exit
+    assert act.rollbacks == 2
+    assert any("drops net.core.busy_poll" in e["message"] for e in c.events)
+
+
+def test_reload_while_stopping_is_ignored() -> None:
+    act = FakeActuator()
+    c = Controller(policy=_policy(), actuator=act, env=FakeEnv([100.0] * 50),
+                   make_tuner=lambda p, e: FakeTuner(act, ["APPLY"]), clock=FakeClock())
+    steps = c.steps()
+    for phase in steps:
+        if phase == HOLD:
+            c.request_stop()
+            c.request_reload(_policy(name="late"))
+            break
+    rest = list(steps)
+    assert rest[-1] == STOPPED and c.policy.name == "t" and not c.reload_pending
+
+
+# ---- the keep marker belongs to one run ----
+
+def test_recovery_honours_the_keep_marker_once_and_forgets_it() -> None:
+    act = FakeActuator(dirty=True, values={"net.core.busy_poll": 50})
+    forgotten: list[int] = []
+
+    def make(p: Policy, e: Any) -> FakeTuner:
+        # recovery kept the deployed value and dropped the marker before the first trial
+        assert act.rollbacks == 0 and act.values["net.core.busy_poll"] == 50
+        assert forgotten == [1]
+        return FakeTuner(act, ["APPLY"])
+
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_tuner=make,
+                   clock=FakeClock(), max_rounds=1, kept=True, forget_kept=lambda: forgotten.append(1))
+    list(c.steps())
+    assert c.recovery["kept_by_previous_run"] is True and "rollback" not in c.recovery
+    assert forgotten == [1] and c.kept is False
+
+
+def test_without_keep_marker_recovery_rolls_back_and_forgets_nothing() -> None:
+    act = FakeActuator(dirty=True, values={"net.core.busy_poll": 50})
+    forgotten: list[int] = []
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]),
+                   make_tuner=lambda p, e: FakeTuner(act, []), clock=FakeClock(), max_rounds=1,
+                   forget_kept=lambda: forgotten.append(1))
+    c.recover()
+    assert act.rollbacks == 1 and forgotten == []
+
+
+# ---- the service's side of a reload: RELOADING=1 (+ MONOTONIC_USEC) is always answered by READY=1 ----
+
+def _service(tmp_path: Any, reload_policy: Any, phases: list[str], trigger: str) -> tuple[Any, Controller]:
+    from polltuned.daemon.service import Service
+    from polltuned.host.systemd import Notifier
+
+    act = FakeActuator()
+    holder: dict[str, Any] = {}
+
+    class TriggerTuner(FakeTuner):
+        def run(self) -> Iterator[Ev]:
+            for ev in super().run():
+                if ev.phase == trigger and not holder.get("fired"):
+                    holder["fired"] = True
+                    holder["svc"].flags.reload = True  # what the SIGHUP handler does
+                yield ev
+
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]),
+                   make_tuner=lambda p, e: TriggerTuner(act, phases), clock=FakeClock(), max_rounds=1)
+    svc = Service(controller=c, notifier=Notifier(environ={}, monotonic_usec=lambda: 123456789),
+                  run_dir=str(tmp_path), clock=FakeClock(), build_status=lambda ctl: {"phase": ctl.phase},
+                  reload_policy=reload_policy)
+    holder["svc"] = svc
+    return svc, c
+
+
+def test_service_reload_announces_and_completes(tmp_path: Any) -> None:
+    svc, c = _service(tmp_path, lambda: _policy(name="second", hold={"retune": False}),
+                      ["BASELINE", "PROPOSE", "APPLY"], "PROPOSE")
+    assert svc.run() == 0
+    sent = list(svc.notifier.sent)
+    i = next(n for n, m in enumerate(sent) if m.startswith("RELOADING=1"))
+    assert "MONOTONIC_USEC=123456789" in sent[i].split("\n")
+    assert sum("READY=1" in m for m in sent[:i]) == 1  # the start-up READY=1 came first, once
+    after = [m for m in sent[i + 1:] if "READY=1" in m]
+    assert after and "reloaded policy second" in after[0], sent[i:i + 5]
+    assert c.policy.name == "second" and c.round == 2
+
+
+def test_service_refused_reload_still_sends_ready_and_keeps_running(tmp_path: Any) -> None:
+    from polltuned.errors import PolicyError
+
+    def broken() -> Policy:
+        raise PolicyError(["policy.toml: tuning.bogus: unknown field (got x=1)"])
+
+    svc, c = _service(tmp_path, broken, ["BASELINE", "PROPOSE", "APPLY"], "PROPOSE")
+    assert svc.run() == 0
+    sent = list(svc.notifier.sent)
+    i = next(n for n, m in enumerate(sent) if m.startswith("RELOADING=1"))
+    ready = next(m for m in sent[i + 1:] if "READY=1" in m)
+    assert "reload refused" in ready and "tuning.bogus" in ready
+    assert c.policy.name == "t" and c.reloads[-1]["outcome"] == "refused"
+
+
+def test_service_reload_survives_an_unexpected_error(tmp_path: Any) -> None:
+    def crash() -> Policy:
+        raise OSError(13, "Permission denied")
+
+    svc, _c = _service(tmp_path, crash, ["BASELINE", "PROPOSE", "APPLY"], "PROPOSE")
+    assert svc.run() == 0
+    assert any("READY=1" in m and "reload refused: PermissionError" in m for m in svc.notifier.sent)
+
+
+def test_service_reload_before_ready_sends_no_reloading(tmp_path: Any) -> None:
+    """A SIGHUP before start-up finished: the new policy is used, and READY=1 still means 'recovered'."""
+    from polltuned.daemon.service import Service
+    from polltuned.host.systemd import Notifier
+
+    act = FakeActuator()
+    seen: list[str] = []
+
+    def make(p: Policy, e: Any) -> FakeTuner:
+        seen.append(p.name)
+        return FakeTuner(act, ["APPLY"])
+
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_tuner=make,
+                   clock=FakeClock(), max_rounds=1)
+    svc = Service(controller=c, notifier=Notifier(environ={}), run_dir=str(tmp_path), clock=FakeClock(),
+                  build_status=lambda ctl: {}, reload_policy=lambda: _policy(name="early", hold={"retune": False}))
+    svc.flags.reload = True  # pending before the first step
+    assert svc.run() == 0
+    sent = list(svc.notifier.sent)
+    assert not any(m.startswith("RELOADING=1") for m in sent)
+    assert sum(1 for m in sent if "READY=1" in m) == 1
+    assert seen == ["early"]

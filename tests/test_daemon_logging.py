@@ -32,4 +32,4 @@ def test_notifier_is_silent_without_notify_socket() -> None:
     n = Notifier(environ={})
     n.ready("x")
     n.watchdog()
-    assert not n.enabled and n.sent == ["READY=1\nSTATUS=x", "WATCHDOG=1"]
+    assert not n.enabled and list(n.sent) == ["READY=1\nSTATUS=x", "WATCHDOG=1"]

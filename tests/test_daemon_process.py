@@ -218,3 +218,112 @@ def test_on_exit_keep_survives_execstoppost(world: World) -> None:
     assert world.snapshot() == kept, "ExecStopPost undid a configuration the policy said to keep"
     assert world.cli("rollback").returncode == 0
     assert world.snapshot() == world.originals
+
+
+def _reloading_then_ready(messages: list[str]) -> list[tuple[str, str]]:
+    """Each RELOADING=1 message paired with the first READY=1 message after it."""
+    pairs = []
+    for i, m in enumerate(messages):
+        if m.startswith("RELOADING=1"):
+            nxt = next((r for r in messages[i + 1:] if "READY=1" in r.split("\n")), "")
+            pairs.append((m, nxt))
+    return pairs
+
+
+def _rename_policy(w: World, name: str) -> None:
+    w.policy.write_text(w.policy.read_text().replace('name = "', f'name = "{name}"  # was "', 1))
+
+
+@pytest.mark.slow
+def test_sighup_while_tuning_and_in_hold_retunes_with_the_new_policy(world: World) -> None:
+    """Issue 10: SIGHUP in any phase reloads and re-tunes; RELOADING=1 is always answered by READY=1."""
+    # longer windows so that the first round is surely still running when the first SIGHUP lands
+    world.policy.write_text(world.policy.read_text().replace("window_s = 0.01", "window_s = 0.05"))
+    proc = world.start()
+    try:
+        world.wait_for("READY=1")
+        world.wait_for("STATUS=SETTLE trial")  # the first round is searching
+        _rename_policy(world, "reloaded-in-tuning")
+        proc.send_signal(signal.SIGHUP)
+        world.wait_for("reloaded policy reloaded-in-tuning")
+        doc = _wait_phase(world, "HOLD")
+        assert doc["policy"] == "reloaded-in-tuning"
+        reloads = doc["reloads"]
+        assert isinstance(reloads, list) and reloads[-1]["outcome"] == "accepted"
+        assert reloads[-1]["phase"] not in ("HOLD", "RECOVER", "STOPPED"), reloads
+        assert doc["progress"]["round"] == 2  # type: ignore[index]
+
+        _rename_policy(world, "reloaded-in-hold")
+        proc.send_signal(signal.SIGHUP)
+        world.wait_for("reloaded policy reloaded-in-hold")
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            doc = world.status()
+            if doc.get("policy") == "reloaded-in-hold" and doc.get("phase") == "HOLD":
+                break
+            assert proc.poll() is None, "the daemon exited after a reload in HOLD"
+            time.sleep(0.2)
+        assert doc["policy"] == "reloaded-in-hold" and doc["phase"] == "HOLD", doc.get("phase")
+        assert doc["progress"]["round"] == 3  # type: ignore[index]
+        assert doc["reloads"][-1]["phase"] == "HOLD"  # type: ignore[index]
+        assert proc.poll() is None
+        assert isinstance(doc.get("result"), dict)  # round 3 ran to a verdict under the new policy
+
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert proc.returncode == 0, world.log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    world.drain()
+    msgs = list(world.messages)
+    pairs = _reloading_then_ready(msgs)
+    assert len(pairs) == 2, msgs
+    for reloading, ready in pairs:
+        fields = dict(line.split("=", 1) for line in reloading.split("\n"))
+        # CLOCK_MONOTONIC in µs, as systemd >= 253 wants it for Type=notify-reload (same clock as ours)
+        assert abs(int(fields["MONOTONIC_USEC"]) / 1e6 - time.monotonic()) < 300
+        assert ready, f"RELOADING=1 never answered by READY=1: {msgs}"
+    assert world.snapshot() == world.originals
+
+
+@pytest.mark.slow
+def test_keep_marker_covers_one_run_only(world: World) -> None:
+    """Issue 10: after a clean exit with on_exit = keep, the next run starts from the kept values, and
+    a crash of that next run is rolled back by ExecStopPost (rollback --if-dirty)."""
+    world.policy.write_text('on_exit = "keep"\n' + world.policy.read_text())
+    proc = world.start()
+    try:
+        _wait_phase(world, "HOLD")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    kept = world.snapshot()
+    assert kept != world.originals
+    marker = json.loads((world.state / "kept.json").read_text())
+    journal = [json.loads(line) for line in (world.state / "journal.jsonl").read_text().splitlines()]
+    epochs = [r["epoch"] for r in journal if r["type"] == "epoch"]
+    assert marker["epoch"] == epochs[-1], "the keep marker does not name the journal epoch it covers"
+    assert world.cli("rollback", "--if-dirty").returncode == 0
+    assert world.snapshot() == kept  # ExecStopPost after the clean keep exit: values stay
+
+    # the next run honours the marker (no restore at start) and removes it
+    proc = world.start()
+    try:
+        world.wait_for("READY=1")
+        doc = _wait_phase(world, "HOLD")
+        assert doc["recovery"]["kept_by_previous_run"] is True  # type: ignore[index]
+        assert "rollback" not in doc["recovery"]  # type: ignore[operator]
+        assert not (world.state / "kept.json").exists(), "the keep marker survived the start of a new run"
+    finally:
+        proc.kill()  # crash (kill -9) of the second run
+        proc.wait()
+    assert world.snapshot() != world.originals
+    rb = world.cli("rollback", "--if-dirty")
+    assert rb.returncode == 0, rb.stderr
+    assert "keeping the deployed configuration" not in rb.stdout
+    assert world.snapshot() == world.originals, "a crash after a new start was not rolled back"

@@ -83,3 +83,9 @@ def test_history_and_report_from_the_study(tmp_path: Path, capsys: object) -> No
     png = tmp_path / "r.png"
     assert main([*common, "report", "--policy", str(pol_file), "-o", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stopped_daemon_with_unreadable_journal_is_not_called_clean() -> None:
+    """A member of group polltuned cannot read the root-only journal: unknown, not 'clean'."""
+    text = render_status({}, running=False, dirty=None)
+    assert "unknown" in text and "clean" not in text and "DIRTY" not in text

@@ -43,3 +43,20 @@ def test_unit_contract() -> None:
     for line in ("Type=notify", "ExecStopPost=/usr/local/bin/polltuned rollback --if-dirty", "Restart=on-failure",
                  "WatchdogSec="):
         assert line in text
+
+
+def test_group_is_the_same_in_unit_tmpfiles_sysusers_and_installer() -> None:
+    """The unit's Group=, the tmpfiles.d owner group and the sysusers.d entry name one group, which
+    config/install.sh creates (issue 10: tmpfiles named a group the set-up never created)."""
+    unit_groups = re.findall(r"^Group=(\S+)$", UNIT.read_text(), re.M)
+    assert unit_groups == ["polltuned"]
+    tmpfiles = [ln.split() for ln in (REPO / "config/tmpfiles.d/polltuned.conf").read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")]
+    assert {(t[1], t[2], t[3], t[4]) for t in tmpfiles} == {("/var/lib/polltuned", "0750", "root", "polltuned"),
+                                                         ("/run/polltuned", "0750", "root", "polltuned")}
+    sysusers = [ln.split() for ln in (REPO / "config/sysusers.d/polltuned.conf").read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")]
+    assert sysusers == [["g", "polltuned", "-"]]
+    install = (REPO / "config/install.sh").read_text()
+    assert "groupadd --system polltuned" in install and "sysusers.d/polltuned.conf" in install
+    assert "RuntimeDirectoryMode=0750" in UNIT.read_text() and "StateDirectoryMode=0750" in UNIT.read_text()

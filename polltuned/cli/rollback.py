@@ -21,9 +21,11 @@ def run(args: argparse.Namespace) -> int:
     from polltuned.daemon.status import clear_kept, is_kept
 
     act = build_actuator(args)
-    if args.if_dirty and not act.state().open:
+    st = act.state()
+    if args.if_dirty and not st.open:
+        clear_kept(args.state_dir)
         return int(ExitCode.OK)
-    if args.if_dirty and is_kept(args.state_dir):
+    if args.if_dirty and is_kept(args.state_dir, st.epoch, st.open):
         # the daemon exited cleanly with on_exit = keep: its deployed values stay on purpose
         print("polltuned: keeping the deployed configuration (policy on_exit = keep); 'polltuned rollback' undoes it")
         return int(ExitCode.OK)

@@ -17,6 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rounds", type=int, default=None, metavar="N",
                    help="stop after N tuning rounds instead of holding forever (for demos and tests)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
+    p.add_argument("--observe", action="store_true",
+                   help="look before touching: measure the baseline and counters and report what would be "
+                        "tried, without writing any knob (same as mode = \"observe\" in the policy)")
     p.add_argument("--simulate", metavar="SCENARIO", default=None,
                    help="run the policy's knobs and objective against a simulated world instead of the real "
                         "workload: its probe is replaced by the sim probe of SCENARIO (shipped name or .py file, "
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from polltuned.clock import Clock, ScaledClock, SystemClock
     from polltuned.daemon.config import DaemonConfig, load_config
     from polltuned.daemon.service import Service
-    from polltuned.daemon.status import clear_kept, is_kept, mark_kept
+    from polltuned.daemon.status import clear_kept, mark_kept, read_kept
     from polltuned.daemon.statusdoc import build_status
     from polltuned.daemon.wiring import build_daemon, load_daemon_policy
     from polltuned.host.systemd import Notifier, setup_logging
@@ -57,10 +60,22 @@ def run(args: argparse.Namespace) -> int:
         sim = prepare(args, policy)
         policy, host_root, state_dir, run_dir = sim.swap_probe(policy), sim.host_root, sim.state_dir, sim.run_dir
         clock = ScaledClock(args.sim_speed)
-    kept = is_kept(state_dir)
     d = build_daemon(policy=policy, host_root=host_root, state_dir=state_dir, clock=clock,
-                     max_rounds=args.max_rounds)
-    d.controller.kept = kept
+                     max_rounds=args.max_rounds, observe=bool(getattr(args, "observe", False)))
+    # the keep marker of the previous run counts only for the journal epoch it was written in
+    marker = read_kept(state_dir)
+    if marker is not None:
+        st = d.actuator.state()
+        if marker.applies_to(st.epoch, st.open):
+            def forget() -> None:
+                clear_kept(state_dir)
+
+            d.controller.kept = True
+            d.controller.forget_kept = forget
+        else:
+            log.info("ignoring a stale keep marker (epoch %s; the journal is at epoch %s, %s)", marker.epoch,
+                     st.epoch, "open" if st.open else "clean")
+            clear_kept(state_dir)
 
     def reload_policy() -> object:
         r, n = policy_ref()
@@ -78,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
     log.info("starting: policy %s, host root %s, state %s", policy.name, host_root, state_dir,
              extra={"policy": policy.name})
     rc = service.run()
-    if d.controller.policy.on_exit == "keep":
-        mark_kept(state_dir, {"policy": d.controller.policy.name, "t": clock.wall()})
+    # a clean exit: with on_exit = keep, ExecStopPost (rollback --if-dirty) must leave this epoch alone
+    st = d.actuator.state()
+    if d.controller.policy.on_exit == "keep" and st.open:
+        mark_kept(state_dir, epoch=st.epoch, policy=d.controller.policy.name, t=clock.wall())
     else:
         clear_kept(state_dir)
     log.info("stopped (%s)", d.controller.message)

@@ -25,14 +25,27 @@ def host_dirty(args: argparse.Namespace) -> bool | None:
         return None
 
 
+def kept_epoch(args: argparse.Namespace) -> bool:
+    """Does a keep marker cover the journal's open epoch (the daemon kept its values on purpose)?"""
+    from polltuned.cli._knobs_common import build_actuator
+    from polltuned.daemon.status import is_kept
+    from polltuned.errors import PolltunedError
+
+    try:
+        st = build_actuator(args).state()
+    except PolltunedError:
+        return False
+    return is_kept(args.state_dir, st.epoch, st.open)
+
+
 def run(args: argparse.Namespace) -> int:
     from polltuned.daemon.render import render_status
-    from polltuned.daemon.status import daemon_running, is_kept, read_status
+    from polltuned.daemon.status import daemon_running, read_status
 
     running = daemon_running(args.run_dir)
     doc = read_status(args.run_dir) or {}
     dirty = None if running else host_dirty(args)
-    kept = (not running) and bool(dirty) and is_kept(args.state_dir)
+    kept = (not running) and bool(dirty) and kept_epoch(args)
     if args.json:
         out = dict(doc)
         out["running"] = running

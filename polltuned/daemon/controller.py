@@ -4,6 +4,10 @@
                                                                                         |            |
                                                                                    ROLLBACK    drift: re-tune
 
+A reload (SIGHUP) is accepted in every phase and never ends the daemon: a tuning round in progress
+ends safely (the tuner puts its baseline back), HOLD stops watching, and a new round starts with
+the new policy (RELOAD). Knobs the new policy no longer names go back to their originals first.
+
 The search phases (BASELINE … CONFIRM, RESUME, OBSERVE) are the tuning engine's
 (polltuned.engine.tuner.Tuner): the controller drives its typed events directly (one Phase enum).
 The controller adds RECOVER (journal replay and repair before
@@ -40,6 +44,7 @@ HOLD = Phase.HOLD
 ROLLBACK = Phase.ROLLBACK
 STOPPED = Phase.STOPPED
 IDLE = Phase.IDLE
+RELOAD = Phase.RELOAD
 
 
 class TunerLike(Protocol):
@@ -114,8 +119,12 @@ class Controller:
         meter: WorkloadMeter | None = None,
         max_rounds: int | None = None,
         kept: bool = False,
+        forget_kept: Callable[[], None] | None = None,
     ) -> None:
+        #: the previous run exited cleanly with on_exit = keep, in the journal epoch that is still open
         self.kept = kept
+        #: called once recovery has honoured ``kept``: the marker belongs to the previous run only
+        self.forget_kept = forget_kept
         self.policy = policy
         self.actuator = actuator
         self.env = env
@@ -133,6 +142,7 @@ class Controller:
         self.result: Any = None
         self.recovery: dict[str, Any] = {}
         self.hold: dict[str, Any] = {}
+        self.reloads: deque[dict[str, Any]] = deque(maxlen=10)
         self._tuner: TunerLike | None = None
         self._stop = False
         self._pending_policy: Policy | None = None
@@ -144,9 +154,25 @@ class Controller:
             self._tuner.request_stop()
 
     def request_reload(self, policy: Policy) -> None:
+        """Re-tune with ``policy``, from any phase: the running round (if any) ends safely first.
+        A stop already requested wins (the daemon is on its way out)."""
+        if self._stop:
+            log.info("reload ignored: the daemon is stopping")
+            return
         self._pending_policy = policy
+        self.reloads.append({"t": self.clock.wall(), "outcome": "accepted", "policy": policy.name,
+                             "phase": self.phase})
         if self._tuner is not None:
             self._tuner.request_stop()
+
+    def reload_refused(self, message: str) -> None:
+        """The service could not load the new configuration: the current policy keeps running."""
+        self.reloads.append({"t": self.clock.wall(), "outcome": "refused", "policy": self.policy.name,
+                             "phase": self.phase, "message": message})
+
+    @property
+    def reload_pending(self) -> bool:
+        return self._pending_policy is not None
 
     @property
     def stopping(self) -> bool:
@@ -177,6 +203,12 @@ class Controller:
             info["rollback"] = _jsonable(report)
             log.warning("journal shows knobs left by an earlier run; restored their original values",
                         extra={"phase": RECOVER})
+        if self.kept:
+            # honoured once: from here on this run owns the epoch, so a crash of *this* run must be
+            # rolled back by ExecStopPost (rollback --if-dirty), not kept
+            self.kept = False
+            if self.forget_kept is not None:
+                self.forget_kept()
         self.recovery = info
         return info
 
@@ -189,14 +221,14 @@ class Controller:
         exited = False
         try:
             while not self._stop:
+                if self._pending_policy is not None:
+                    yield from self._switch_policy()
+                    if self._stop:
+                        break
                 self.round += 1
                 yield from self._tune_round()
-                if self._pending_policy is not None:
-                    self.policy = self._pending_policy
-                    self._pending_policy = None
-                    self._set(IDLE, f"policy reloaded: {self.policy.name}; re-tuning")
-                    yield self.phase
-                    continue
+                if self._pending_policy is not None and not self._stop:
+                    continue  # cut short by a reload: the next round runs the new policy
                 if self._stop or (self.max_rounds is not None and self.round >= self.max_rounds):
                     break
                 retune = yield from self._hold()
@@ -209,6 +241,29 @@ class Controller:
                 # closed or failed mid-way: still honour on_exit, without yielding
                 for _ in self._exit_steps():
                     pass
+
+    def _switch_policy(self) -> Iterator[str]:
+        """Adopt the reloaded policy before the next round (RELOAD)."""
+        new = self._pending_policy
+        assert new is not None
+        self._pending_policy = None
+        old = self.policy
+        dropped = [k for k in old.knobs if k not in new.knobs]
+        self.policy = new
+        self._set(RELOAD, f"policy reloaded: {old.name} -> {new.name}")
+        yield self.phase
+        if dropped and self.actuator.is_dirty():
+            # the new policy no longer manages these knobs: nothing may stay at a value polltuned chose
+            # for them, so the host goes back to its originals and the new round starts from there
+            try:
+                self.actuator.rollback()
+            except PolltunedError as e:
+                log.error("reload: restoring knobs the new policy drops failed: %s", e.message)
+                raise
+            self._set(RELOAD, "restored the originals: the new policy drops " + ", ".join(dropped))
+            yield self.phase
+        self._set(RELOAD, f"re-tuning with policy {new.name}")
+        yield self.phase
 
     def _tune_round(self) -> Iterator[str]:
         tuner = self.make_tuner(self.policy, self.env)
@@ -246,7 +301,7 @@ class Controller:
                 remaining -= step
                 yield self.phase
             if self._stop or self._pending_policy is not None:
-                return False
+                break
             signals: dict[str, float] = {}
             if self.meter is not None:
                 try:
@@ -288,6 +343,10 @@ class Controller:
                 self._set(HOLD, f"workload drift for {det.streak} windows: re-tuning (warm start)")
                 yield self.phase
                 return True
+        if self._pending_policy is not None and not self._stop:
+            self._set(HOLD, "reload requested: re-tuning with the new policy")
+            yield self.phase
+            return True
         return False
 
     def _exit_steps(self) -> Iterator[str]:

@@ -38,8 +38,11 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
                    + (f" — {doc['message']}" if doc.get("message") else "")
                    + f"   (updated {age:.0f} s ago)")
     else:
-        state = "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value"
-        out.append(f"polltuned: not running; host is {state}")
+        if dirty is None:  # e.g. a member of group polltuned: the journal is root's alone
+            out.append("polltuned: not running; host state unknown (the journal cannot be read: run as root)")
+        else:
+            state = "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value"
+            out.append(f"polltuned: not running; host is {state}")
         if doc:
             out.append(f"last run:  policy {doc.get('policy', '?')}, ended in phase {doc.get('phase', '?')}"
                        + (f" — {doc['message']}" if doc.get("message") else ""))
@@ -92,6 +95,12 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         rel = hold.get("relative_change") or {}
         out.append(f"hold: {hold.get('windows', 0)} windows watched, drift streak {hold.get('drift_streak', 0)}"
                    + ("; change vs reference: " + ", ".join(f"{k} {v:+.0%}" for k, v in rel.items()) if rel else ""))
+    reloads = doc.get("reloads") or []
+    if reloads and isinstance(reloads[-1], Mapping):
+        last = reloads[-1]
+        out.append("")
+        out.append(f"last reload: {last.get('outcome', '?')} in phase {last.get('phase', '?')}, policy "
+                   f"{last.get('policy', '?')}" + (f" — {last['message']}" if last.get("message") else ""))
     rec = doc.get("recommendations") or {}
     if rec:
         out.append("")

@@ -2,8 +2,12 @@
 
 Signals only set flags; the loop acts on them between controller steps:
   SIGTERM/SIGINT: end the current trial safely, then the policy's on_exit (restore | keep), exit 0.
-  SIGHUP: reload config + policy; an invalid policy is refused with one log line and the old one keeps running.
+  SIGHUP: in any phase, reload config + policy and re-tune with it (the controller ends the current
+  round safely first); an invalid one is refused with one log line and STATUS=, and the old policy
+  keeps running. A reload never ends the daemon.
 sd_notify: READY=1 once recovery is done, STATUS= on every phase change, WATCHDOG=1 every step.
+A reload is announced with RELOADING=1 + MONOTONIC_USEC= (what Type=notify-reload, systemd >= 253,
+requires) and always answered with READY=1, whether the new policy was taken or refused.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class Service:
         self.metrics = metrics
         self.flags = _Flags()
         self.lock = InstanceLock(run_dir)
+        self.ready = False  # READY=1 sent (start-up finished)
         self._pid = os.getpid()
 
     def _foreign(self, signum: int) -> bool:
@@ -111,7 +116,6 @@ class Service:
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_stop),
             signal.SIGHUP: signal.signal(signal.SIGHUP, self._on_hup),
         }
-        ready = False
         last_phase = ""
         last_publish = -1e18
         last_ping = -1e18
@@ -124,8 +128,8 @@ class Service:
                 if self.flags.reload:
                     self.flags.reload = False
                     self._reload()
-                if not ready and (phase != RECOVER or self.controller.recovery):
-                    ready = True
+                if not self.ready and (phase != RECOVER or self.controller.recovery):
+                    self.ready = True
                     self.notifier.ready(self._short())
                 now = self.clock.monotonic()
                 if now - last_ping >= 1.0:  # WatchdogSec is minutes; one ping a second is plenty
@@ -148,13 +152,30 @@ class Service:
             self.lock.release()
 
     def _reload(self) -> None:
-        self.notifier.reloading()
-        try:
-            policy = self.reload_policy()
-        except PolltunedError as e:
-            log.error("reload refused, keeping policy %r: %s", self.controller.policy.name,
-                      e.message.replace("\n", "; "))
-            self.notifier.status(f"reload refused: {e.message[:150]}")
+        if self.controller.stopping:
+            log.info("reload ignored: stopping")
             return
-        log.info("reloaded policy %r; re-tuning after the current trial", policy.name)
-        self.controller.request_reload(policy)
+        # before start-up finished systemd is not waiting for a reload: the new policy is simply
+        # used from the first round on, and READY=1 comes when recovery is done
+        announce = self.ready
+        if announce:
+            self.notifier.reloading("reloading the configuration and policy")
+        status = ""
+        try:
+            try:
+                policy = self.reload_policy()
+            except Exception as e:  # whatever goes wrong, a reload must not end the daemon
+                msg = e.message if isinstance(e, PolltunedError) else f"{type(e).__name__}: {e}"
+                msg = msg.replace("\n", "; ")
+                log.error("reload refused, keeping policy %r: %s", self.controller.policy.name, msg)
+                self.controller.reload_refused(msg)
+                status = f"reload refused: {msg[:150]}"
+                return
+            log.info("reloaded policy %r; re-tuning (the current round ends safely first)", policy.name)
+            self.controller.request_reload(policy)
+            status = f"reloaded policy {policy.name}: re-tuning"
+        finally:
+            if announce:
+                self.notifier.ready(status or self._short())
+            elif status:
+                self.notifier.status(status)

@@ -11,10 +11,11 @@ import fcntl
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polltuned.errors import LockedError
+from polltuned.errors import LockedError, PermissionNeeded
 
 STATUS_VERSION = 1
 STATUS_FILE = "status.json"
@@ -86,11 +87,17 @@ def holder_pid(run_dir: str | Path) -> int | None:
 
 
 def daemon_running(run_dir: str | Path) -> bool:
-    """True when some process holds the instance lock (works across pid namespaces)."""
+    """True when some process holds the instance lock (works across pid namespaces).
+
+    PermissionNeeded when the run directory cannot be read (it is root:polltuned 0750)."""
     p = Path(run_dir) / LOCK_FILE
-    if not p.exists():
-        return False
-    fd = os.open(p, os.O_RDONLY)
+    try:
+        if not p.exists():
+            return False
+        fd = os.open(p, os.O_RDONLY)
+    except PermissionError:
+        raise PermissionNeeded(f"{run_dir}: cannot read the daemon's status: permission denied",
+                               hint="run it as root or as a member of group polltuned") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -101,14 +108,47 @@ def daemon_running(run_dir: str | Path) -> bool:
 
 
 KEEP_MARKER = "kept.json"
+KEEP_VERSION = 1
 
 
-def mark_kept(state_dir: str | Path, info: Mapping[str, Any]) -> None:
+@dataclass(frozen=True)
+class KeepMarker:
+    """STATE_DIR/kept.json: the daemon exited cleanly with on_exit = keep in journal epoch ``epoch``.
+
+    It covers that epoch only, and only until the next daemon starts: recovery honours it (the
+    deployed values stay) and removes it, so a crash of the new run is rolled back by ExecStopPost.
+    ``epoch`` None is a marker written before markers carried one (honoured once, like any other)."""
+
+    epoch: int | None
+    policy: str = ""
+    t: float = 0.0
+
+    def applies_to(self, epoch: int, open_: bool) -> bool:
+        """Does the marker cover the journal's current state (an open epoch, the one it names)?"""
+        return open_ and (self.epoch is None or self.epoch == epoch)
+
+
+def mark_kept(state_dir: str | Path, *, epoch: int, policy: str, t: float) -> None:
     """The daemon exited cleanly with on_exit = keep: `rollback --if-dirty` (ExecStopPost) must not undo it."""
     p = Path(state_dir) / KEEP_MARKER
     tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(info), default=str))
+    tmp.write_text(json.dumps({"v": KEEP_VERSION, "epoch": epoch, "policy": policy, "t": t}))
     os.replace(tmp, p)
+
+
+def read_kept(state_dir: str | Path) -> KeepMarker | None:
+    """The marker, or None when there is none (an unreadable or damaged one counts as none: the
+    safe reading, since without a marker ExecStopPost restores the originals)."""
+    try:
+        doc = json.loads((Path(state_dir) / KEEP_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    epoch = doc.get("epoch")
+    t = doc.get("t")
+    return KeepMarker(epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
+                      str(doc.get("policy", "")), float(t) if isinstance(t, (int, float)) else 0.0)
 
 
 def clear_kept(state_dir: str | Path) -> bool:
@@ -119,5 +159,7 @@ def clear_kept(state_dir: str | Path) -> bool:
         return False
 
 
-def is_kept(state_dir: str | Path) -> bool:
-    return (Path(state_dir) / KEEP_MARKER).exists()
+def is_kept(state_dir: str | Path, epoch: int, open_: bool) -> bool:
+    """A keep marker exists and covers the journal's open epoch ``epoch``."""
+    m = read_kept(state_dir)
+    return m is not None and m.applies_to(epoch, open_)

@@ -68,6 +68,7 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
         "recent_events": list(c.events)[-10:],
         "recovery": c.recovery,
         "hold": c.hold,
+        "reloads": list(c.reloads),
         "counters": d.counters.summary(),
         "on_exit": pol.on_exit,
     }

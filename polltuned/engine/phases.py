@@ -14,6 +14,7 @@ from dataclasses import dataclass
 class Phase(enum.StrEnum):
     IDLE = "IDLE"
     RECOVER = "RECOVER"
+    RELOAD = "RELOAD"
     RESUME = "RESUME"
     OBSERVE = "OBSERVE"
     BASELINE = "BASELINE"

@@ -447,35 +447,35 @@ class Tuner:
             self._finish(st, None, "stopped on request; baseline restored", stopped=True)
             yield Event(Phase.DONE, self._reason())
             return
-        rec = opt.best()
-        if rec is None or self.space.key_of(rec.config) == st.base_key:
+        rec = opt.candidate()
+        if rec is None or self.space.key_of(rec.config) == st.base_key or rec.predicted > -MIN_GAIN:
             self._safe_apply(st.baseline)
-            self._finish(st, None, "the best configuration found is the baseline; kept")
+            self._finish(st, None, "no configuration is predicted to beat the baseline; kept")
             yield Event(Phase.DONE, self._reason())
             return
         cand = {**st.baseline, **rec.config}
         simple = {**st.baseline, **opt.simplify(rec.config)}
-        if simple != cand:
+        if simple != cand and self.space.key_of(simple) != st.base_key:
             yield Event(Phase.CONFIRM, "simplified the candidate to " + _fmt(simple, st.baseline))
             cand = simple
-        if self.space.key_of(cand) == st.base_key:
-            self._safe_apply(st.baseline)
-            self._finish(st, None, "the model finds no change worth making; baseline kept")
-            yield Event(Phase.DONE, self._reason())
-            return
         yield from self._confirm(st, cand)
 
     def _confirm(self, st: SessionState, cand: dict[str, KnobValue]) -> Iterator[Event]:
+        """Interleaved A/B pairs with sequential looks at ``pairs x 2^k`` (k < looks): at each look
+        the candidate is deployed when its gain is significant at ``alpha / looks`` (Bonferroni over
+        the looks, so the chance of deploying a non-improvement stays <= alpha) and at least
+        ``min_effect``; the comparison stops early for futility when even the optimistic bound of
+        the gain is below ``min_effect``. Noisy hosts get more pairs, clear cases few."""
         pol = self.policy
         a: list[float] = []
         b: list[float] = []
-        pairs = pol.confirm.pairs
-        extended = False
-        alpha = pol.confirm.alpha / 2
+        looks = [pol.confirm.pairs * 2 ** k for k in range(pol.confirm.looks)]
+        alpha = pol.confirm.alpha / len(looks)
         broke: str | None = None
         sd = st.refs.noise_sd()
+        verdict: Verdict | None = None
         p = 0
-        while p < pairs and broke is None and not self._stop:
+        while broke is None and not self._stop and p < looks[-1]:
             for arm, cfg in (("A", st.baseline), ("B", cand)):
                 try:
                     self.env.apply(cfg)
@@ -487,7 +487,7 @@ class Tuner:
                 self.trace.windows.append(("confirm", dict(cfg)))
                 s = score(w, pol.objective, baseline_drops_per_s=st.base_drops)
                 self._log_window(st, -2, "confirm", cfg, idx, s, None)
-                yield Event(Phase.CONFIRM, f"pair {p + 1}/{pairs} {arm}: {_describe(s)}", window=idx,
+                yield Event(Phase.CONFIRM, f"pair {p + 1} {arm}: {_describe(s)}", window=idx,
                             value=s.value if s.ok else None)
                 if not s.ok:
                     continue
@@ -506,13 +506,10 @@ class Tuner:
                         st.guard_events.append(broke)
                         break
             p += 1
-            if p == pairs and not extended and broke is None and len(a) >= 2 and len(b) >= 2:
-                v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
-                # inconclusive but promising: double the pairs once. Two looks, each at alpha/2
-                # (Bonferroni), so the chance of deploying a non-improvement stays <= alpha.
-                if not v.deploy and v.gain > 0 and v.p_value < 0.3:
-                    pairs *= 2
-                    extended = True
+            if p in looks and len(a) >= 2 and len(b) >= 2:
+                verdict = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
+                if verdict.deploy or verdict.ci_high < pol.confirm.min_effect:
+                    break  # decided: significant gain, or no chance of a worthwhile one
         if self._stop:
             self._safe_apply(st.baseline)
             self._finish(st, None, "stopped on request; baseline restored", stopped=True)

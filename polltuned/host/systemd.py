@@ -9,16 +9,27 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+
+def _monotonic_usec() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
 
 
 class Notifier:
-    """Sends sd_notify(3) messages when NOTIFY_SOCKET is set (systemd-python's implementation)."""
+    """Sends sd_notify(3) messages when NOTIFY_SOCKET is set (systemd-python's implementation).
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    ``systemd.daemon.notify`` passes the string through unchanged (several ``KEY=VALUE`` lines in
+    one datagram are fine); it adds nothing itself, so MONOTONIC_USEC= is ours to send."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None,
+                 monotonic_usec: Callable[[], int] = _monotonic_usec) -> None:
         env = os.environ if environ is None else environ
         self.enabled = bool(env.get("NOTIFY_SOCKET"))
-        self.sent: list[str] = []
+        self.monotonic_usec = monotonic_usec
+        self.sent: deque[str] = deque(maxlen=256)  # the latest messages (tests; bounded for a daemon)
 
     def _send(self, message: str) -> None:
         self.sent.append(message)
@@ -37,8 +48,10 @@ class Notifier:
     def watchdog(self) -> None:
         self._send("WATCHDOG=1")
 
-    def reloading(self) -> None:
-        self._send("RELOADING=1")
+    def reloading(self, status: str = "reloading") -> None:
+        """Start of a reload. systemd >= 253 (Type=notify-reload) only accepts RELOADING=1 carrying
+        the CLOCK_MONOTONIC time it was sent at, to tell it from an older cycle; READY=1 must follow."""
+        self._send(f"RELOADING=1\nMONOTONIC_USEC={self.monotonic_usec()}\nSTATUS={status}")
 
     def stopping(self, status: str) -> None:
         self._send(f"STOPPING=1\nSTATUS={status}")

@@ -53,6 +53,10 @@ class Optimiser(Protocol):
         """The measured window-to-window standard deviation of y (from the reference windows)."""
         ...
     def best(self) -> Recommendation | None: ...
+    def candidate(self) -> Recommendation | None:
+        """The configuration worth confirming against the baseline: the best evaluated one that
+        is not the baseline (None when there is none)."""
+        ...
     def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]: ...
     @property
     def cpu_seconds(self) -> float: ...
@@ -94,8 +98,9 @@ class History:
         e = self.entries.get(k)
         return len(e.ys) if e else (1 if k in self.failed else 0)
 
-    def best_observed(self) -> Recommendation | None:
-        if not self.entries:
+    def best_observed(self, exclude: str | None = None) -> Recommendation | None:
+        entries = [e for k, e in self.entries.items() if k != exclude]
+        if not entries:
             return None
 
         # mean of log-ratios; a config seen once is shrunk slightly towards 0 (no better than baseline)
@@ -103,7 +108,7 @@ class History:
             m = float(np.mean(e.ys))
             return m * len(e.ys) / (len(e.ys) + 0.25)
 
-        e = min(self.entries.values(), key=score)
+        e = min(entries, key=score)
         m = float(np.mean(e.ys))
         return Recommendation(dict(e.config), m, m, len(e.ys))
 
@@ -153,6 +158,12 @@ class HistoryBookkeeping:
 
     def best(self) -> Recommendation | None:
         return self.hist.best_observed()
+
+    def candidate(self) -> Recommendation | None:
+        return self.hist.best_observed(exclude=self.baseline_key())
+
+    def baseline_key(self) -> str | None:
+        return None
 
     def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
         return dict(config)

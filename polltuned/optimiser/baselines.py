@@ -20,6 +20,10 @@ class RandomOptimiser(HistoryBookkeeping):
         self.hist = History(space)
         self.rng = np.random.default_rng(seed)
         self._cpu = CpuMeter()
+        self._base_key = space.key_of(baseline)
+
+    def baseline_key(self) -> str | None:
+        return self._base_key
 
     def ask(self, remaining: int | None = None,
             pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
@@ -56,6 +60,10 @@ class GridOptimiser(HistoryBookkeeping):
                 self._queue.append(c)
         self._pos = 0
         self._rng = rng
+        self._base_key = space.key_of(baseline)
+
+    def baseline_key(self) -> str | None:
+        return self._base_key
 
     def ask(self, remaining: int | None = None,
             pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:

@@ -64,6 +64,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         self.length = self.length_init
         self.global_fraction = 0.3
         self.rec_kappa = 1.0
+        self.cand_kappa = 0.5
         self.safety_kappa = 1.5
         self.min_gain = 0.02      # log units: an improvement worth exploring for (~2 %)
         self.exploit_cap = 6      # re-measure a configuration at most this often
@@ -134,25 +135,51 @@ class SkoptOptimiser(HistoryBookkeeping):
         e = self.hist.entries[keys[i]]
         return Recommendation(dict(e.config), float(mu[i]), float(np.mean(e.ys)), len(e.ys))
 
+    def candidate(self) -> Recommendation | None:
+        """The configuration to confirm: the evaluated non-baseline configuration with the lowest
+        posterior mean + ``cand_kappa`` sd (less cautious than ``best``: the interleaved
+        confirmation that follows is the safety net, the search's pick only nominates)."""
+        if len(self.hist.entries) < 3:
+            return self.hist.best_observed(exclude=self._base_key)
+        with self._cpu, _one_blas_thread():
+            keys, mu, sd = self._posterior_at_observed()
+        idx = [i for i, k in enumerate(keys) if k != self._base_key]
+        if not idx:
+            return None
+        sc = {i: float(mu[i] + self.cand_kappa * sd[i]) for i in idx}
+        lo = min(sc.values())
+        near = [i for i in idx if sc[i] <= lo + 0.01]
+        i = min(near, key=lambda j: self._upper(self.hist.entries[keys[j]].ys))
+        e = self.hist.entries[keys[i]]
+        return Recommendation(dict(e.config), float(mu[i]), float(np.mean(e.ys)), len(e.ys))
+
+    def baseline_key(self) -> str | None:
+        return self._base_key
+
     def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
-        """Put back, one at a time, every knob whose change the model says does not matter
-        (posterior mean within ``tol`` of the recommendation's). Fewer changed knobs: less risk on
-        the host and a clearer report. The result is re-measured by the confirmation anyway."""
+        """Put back, one at a time, every knob whose change the model is confident does not
+        matter: the simplified configuration's posterior mean + sd stays within ``tol`` of the
+        candidate's (an unexplored simplification has a larger sd and is not taken). Fewer changed
+        knobs: less risk on the host and a clearer report. Never down to the baseline; the result is
+        re-measured by the confirmation anyway."""
         if len(self.hist.entries) < 3:
             return dict(config)
         tol = 0.01
         with self._cpu, _one_blas_thread():
             model = self._fit()
             cur = self.space.canonical(config)
-            limit = float(model.predict(self.space.encode(cur)[None, :])[0]) + tol
+            m0, s0 = model.predict(self.space.encode(cur)[None, :], return_std=True)
+            limit = float(m0[0] + s0[0]) + tol
             while True:
                 trials = [self.space.canonical({**cur, k: self.baseline[k]}) for k in self.space.keys
                           if cur.get(k) != self.baseline.get(k)]
+                trials = [c for c in trials if self.space.key_of(c) != self._base_key]
                 if not trials:
                     break
-                mu = model.predict(np.array([self.space.encode(c) for c in trials]))
-                j = int(np.argmin(mu))
-                if float(mu[j]) > limit:
+                mu, sd = model.predict(np.array([self.space.encode(c) for c in trials]), return_std=True)
+                ub = mu + sd
+                j = int(np.argmin(ub))
+                if float(ub[j]) > limit:
                     break
                 cur = trials[j]
         return cur

@@ -202,7 +202,9 @@ class Guard(_Strict):
 
 
 class Confirm(_Strict):
-    pairs: int = Field(4, ge=2, le=50)
+    pairs: int = Field(4, ge=2, le=50, description="A/B pairs before the first look")
+    looks: int = Field(3, ge=1, le=6, description="sequential looks, at pairs x 1, 2, 4 ...: noisy hosts get "
+                                                  "more pairs, decided hosts stop early (alpha split over the looks)")
     alpha: float = Field(0.05, gt=0, lt=0.5)
     min_effect: float = Field(0.05, ge=0, lt=1, description="minimum relative improvement to deploy")
 
