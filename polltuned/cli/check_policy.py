@@ -167,7 +167,13 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
     file = str(find_policy(args.policy))
     if args.app_cpus:
         pol = pol.model_copy(update={"app_cpus": app_cpus(args)})
-    compat = detect(KnobRegistry(host, app_cpus=pol.app_cpus), pol)  # KnobUnsupported: exit 4
+    from polltuned.engine.builder import inert_knobs, without_knobs
+
+    # the knobs the probe cannot see (busy_read under a probe of long-lived sockets), then what the
+    # host lacks: the same two steps as the daemon's prepare_policy
+    inert = inert_knobs(pol)
+    compat = detect(KnobRegistry(host, app_cpus=pol.app_cpus), without_knobs(pol, inert))  # exit 4 if none
+    dropped = {**inert, **compat.dropped}
     rows = needs(pol, proc_stat=host.exists("/proc/stat"))
     edits = app_cpus_edits(compat, pol, file) + probe_edits(rows, file)
     seconds = args.probe_window if args.probe_window is not None else min(pol.tuning.window_s, 2.0)
@@ -184,14 +190,14 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
         release = host.read_text("/proc/sys/kernel/osrelease").strip()
     if args.json:
         print(json.dumps({"policy": pol.name, "file": file, "kernel": release, "knobs": list(compat.policy.knobs),
-                          "dropped": dict(compat.dropped), "narrowed": dict(compat.narrowed),
+                          "dropped": dropped, "narrowed": dict(compat.narrowed),
                           "needs_editing": edits,
                           "probe": {"kind": pol.probe.kind, "window_s": None if window is None else seconds,
                                     "inputs": inputs}}, indent=2))
         return int(ExitCode.USAGE if edits else ExitCode.OK)
     print(f"policy {pol.name!r} ({file}), kernel {release or '?'}: {len(compat.policy.knobs)} of {len(pol.knobs)} "
           f"knobs tuned here: {', '.join(compat.policy.knobs)}")
-    for key, why in compat.dropped.items():
+    for key, why in dropped.items():
         print(f"dropped: {key}: {why}")
     for key, why in compat.narrowed.items():
         print(f"narrowed: {key}: {why}")
@@ -206,5 +212,5 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
         print(f"polltuned: check: needs editing: {e}")
     if not edits:
         print(f"policy {pol.name!r} is ready on this host"
-              + (f"; {len(compat.dropped)} knob(s) dropped (listed above)" if compat.dropped else ""))
+              + (f"; {len(dropped)} knob(s) dropped (listed above)" if dropped else ""))
     return int(ExitCode.USAGE if edits else ExitCode.OK)

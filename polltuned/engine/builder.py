@@ -56,7 +56,8 @@ def inert_knobs(policy: Policy) -> dict[str, str]:
             continue
         if k.effect is Effect.NEW_SOCKETS:
             out[key] = (f"acts {k.effect.value}, and the {policy.probe.kind} probe measures sockets that "
-                        "already exist (set fresh_sockets = true on a probe that opens new ones each window)")
+                        "already exist (a probe that opens new sockets every window can tune it: sockperf, or "
+                        "a command probe with fresh_sockets = true)")
     return out
 
 

@@ -19,13 +19,13 @@ window itself is told at the baseline configuration as its log-ratio to the leve
 the *other* references, so the model knows the baseline is 0 and how noisy it is.
 
 Noise: the window-to-window standard deviation of log J is estimated from the successive
-differences of the reference series (robust: 1.4826 x median |r[j+1] - r[j]| / sqrt 2, which slow
-drift and single outlier windows barely move), shrunk towards a prior of 0.15 while there are few
-references. The standard error of a trial's mean log-ratio over n windows is
+differences of the reference series and of the repeated windows of trial configurations (robust:
+1.4826 x median |r[j+1] - r[j]| / sqrt 2, which slow drift and single outlier windows barely move),
+shrunk towards a prior of 0.15 while there are few of them. The standard error of a trial's mean log-ratio over n windows is
 ``sd * sqrt(1 + sum w^2 / (sum w)^2) / sqrt(n)`` (window noise plus the level's own noise).
 
 A workload shift shows as a jump of the reference level: when the last two references sit more than
-``max(4 x SE, log 1.3)`` away from the references before them, ``shift()`` reports the index where
+``max(3 x SE, log 1.3)`` away from the references before them (on the same side), ``shift()`` reports the index where
 the new regime starts (windows before it describe another workload).
 
 Pure, no I/O: built from (window index, log J) pairs, so a resumed session rebuilds it from the study.
@@ -58,6 +58,9 @@ class ReferenceSeries:
     indices: list[int] = field(default_factory=list)
     logs: list[float] = field(default_factory=list)
     since: int = 0                       # first index of the current regime (after a shift)
+    #: |log J| differences between back-to-back windows of one trial configuration (its repeats):
+    #: more evidence of the window noise than the references alone give
+    repeat_diffs: list[tuple[int, float]] = field(default_factory=list)
     _bw_key: tuple[int, int, int] = (-1, -1, -1)
     _bw: float = math.inf
 
@@ -132,9 +135,14 @@ class ReferenceSeries:
         return out
 
     # ---------------------------------------------------------------- noise
+    def add_repeat(self, index: int, log_a: float, log_b: float) -> None:
+        """Two windows of the same trial configuration measured a few windows apart."""
+        self.repeat_diffs.append((index, abs(log_b - log_a)))
+
     def noise_sd(self) -> float:
         act = self._active()
         diffs = [abs(act[k + 1][1] - act[k][1]) for k in range(len(act) - 1)]
+        diffs += [d for i, d in self.repeat_diffs if i >= self.since]
         if not diffs:
             return PRIOR_SD
         robust = 1.4826 * statistics.median(diffs) / math.sqrt(2.0)
@@ -172,7 +180,7 @@ class ReferenceSeries:
         se = sd * math.sqrt(1.0 / len(old) + 1.0 / len(new))
         gap = abs(sum(new) / 2 - sum(old) / len(old))
         same_side = (new[0] - sum(old) / len(old)) * (new[1] - sum(old) / len(old)) > 0
-        if same_side and gap > max(4.0 * se, math.log(1.3)):
+        if same_side and gap > max(3.0 * se, math.log(1.3)):
             return act[-2][0]
         return None
 

@@ -371,6 +371,8 @@ class Tuner:
             self._log_window(st, no, "trial", cfg, idx, s, y_told, status="aborted" if aborted else "ok")
             yield Event(Phase.MEASURE, _describe(s), trial=no, window=idx, value=s.value)
             opt.tell(cfg, y_told)
+            if values and not aborted:
+                st.refs.add_repeat(idx, math.log(values[-1]), lj)
             values.append(s.value)
             visit += 1
             if aborted:

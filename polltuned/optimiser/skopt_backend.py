@@ -2,8 +2,9 @@
 
 Proposals, in order:
 
-1. **A space-filling start**: a scrambled Sobol design (``Space.space_filling``) over every knob's
-   whole range, switches on and off; the host's own values are never the centre of anything.
+1. **A space-filling start** of ``max(initial_points, knobs + 2)`` points (``Space.space_filling``:
+   scrambled Sobol for switches and categories, values stratified per knob) over every knob's whole
+   range, switches on and off; the host's own values are never the centre of anything.
 2. **Bayesian optimisation**: a scikit-optimize ``GaussianProcessRegressor`` (ConstantKernel x
    Matern 5/2 with one length scale per encoded column, plus a white-noise term whose level starts
    at, and is bounded around, the noise the engine *measured* on its reference windows — a GP left
@@ -31,6 +32,7 @@ half), acquisition scores ~1000 candidates, BLAS is capped at one thread (thread
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -70,6 +72,8 @@ class SkoptOptimiser(HistoryBookkeeping):
         self.exploit_cap = 6      # re-measure a configuration at most this often
         self.endgame_windows = 3
         self.bad_radius = 0.08
+        self.min_move = 0.05
+        self.kernel_kind = os.environ.get("POLLTUNED_KERNEL", "additive")
         self._succ = 0
         self._fail = 0
         self._restart = False
@@ -78,7 +82,8 @@ class SkoptOptimiser(HistoryBookkeeping):
         self._model_sig: tuple[int, float] = (-1, -1.0)
         self._bad: list[np.ndarray] = []
         base = self._base_key
-        self._design = [c for c in space.space_filling(initial_points, seed) if space.key_of(c) != base]
+        n_design = max(initial_points, len(space.dims) + 2)
+        self._design = [c for c in space.space_filling(n_design, seed) if space.key_of(c) != base]
         self._seeds = space.seed_configs(self.baseline)
 
     # ------------------------------------------------------------------ protocol
@@ -264,9 +269,16 @@ class SkoptOptimiser(HistoryBookkeeping):
         var = float(np.var(ya)) if len(ya) > 1 else 1.0
         # the measured noise, in the units of the normalised y the GP fits
         nl = float(np.clip(self.noise_sd ** 2 / max(var, 1e-6), 1e-4, 4.0))
-        kernel = (ConstantKernel(1.0, (0.01, 1000.0))
-                  * Matern(length_scale=np.ones(self.space.width), length_scale_bounds=(0.05, 1.0), nu=2.5)
-                  + WhiteKernel(noise_level=nl, noise_level_bounds=(nl / 4.0, min(nl * 4.0, 10.0))))
+        nb = (nl / 4.0, min(nl * 4.0, 10.0))
+        if self.kernel_kind == "additive":
+            from polltuned.optimiser.kernels import additive_plus_full
+
+            groups = [tuple(range(d.offset, d.offset + d.width)) for d in self.space.dims]
+            kernel = additive_plus_full(groups, self.space.width, nl, nb)
+        else:
+            kernel = (ConstantKernel(1.0, (0.01, 1000.0))
+                      * Matern(length_scale=np.ones(self.space.width), length_scale_bounds=(0.05, 1.0), nu=2.5)
+                      + WhiteKernel(noise_level=nl, noise_level_bounds=nb))
         gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, noise="gaussian",
                                       n_restarts_optimizer=1, random_state=self.seed)
         import warnings
@@ -334,6 +346,15 @@ class SkoptOptimiser(HistoryBookkeeping):
             uniq[k] = c
         pool = list(uniq.values())
         X = np.array([self.space.encode(c) for c in pool]) if pool else np.zeros((0, self.space.width))
+        if len(pool) and self.hist.entries:
+            # a new proposal is a real move: nothing within min_move of an evaluated configuration
+            # (re-measuring one is the endgame's job, not the acquisition's)
+            E = np.array([self.space.encode(e.config) for e in self.hist.entries.values()])
+            dmin = np.min(np.linalg.norm(X[:, None, :] - E[None, :, :], axis=2), axis=1)
+            keep = dmin >= self.min_move
+            if keep.any():
+                pool = [c for c, kp in zip(pool, keep) if kp]
+                X = X[keep]
         if self._bad and len(pool):
             B = np.array(self._bad)
             dmin = np.min(np.linalg.norm(X[:, None, :] - B[None, :, :], axis=2), axis=1)

@@ -203,35 +203,45 @@ class Space:
         return out
 
     def space_filling(self, n: int, seed: int) -> list[dict[str, KnobValue]]:
-        """A scrambled Sobol design of ``n`` points over every knob's whole range: a switch is off
-        or on with equal weight (on: its value anywhere in its range), a categorical knob takes each
-        choice equally often. The sequence's balance holds for the first ``n`` points of a
-        power-of-two block, so the block is drawn and cut."""
+        """A space-filling design of ``n`` points over every knob's whole range: a scrambled Sobol
+        sequence decides which switches are on and the categories (each switch is off or on about
+        equally often, each category about equally often), and every knob's values are *stratified
+        among the points where it is on* (a Latin hypercube per knob: with k points switched on,
+        one value in each of k equal slices of its — log or linear — range, in random order), so a
+        threshold anywhere in a knob's range is straddled even by a small design."""
         if n <= 0:
             return []
         from scipy.stats import qmc
 
+        rng = np.random.default_rng(seed)
         coords = sum(2 if d.kind == "switch" else 1 for d in self.dims)
         m = max(0, math.ceil(math.log2(n)))
         pts = qmc.Sobol(d=coords, scramble=True, seed=seed).random_base2(m)[:n]
-        out: list[dict[str, KnobValue]] = []
-        for row in pts:
-            u = np.zeros(self.width)
-            j = 0
-            for d in self.dims:
-                if d.kind == "num":
-                    u[d.offset] = row[j]
-                    j += 1
-                elif d.kind == "switch":
-                    on = row[j] >= 0.5
-                    u[d.offset] = 1.0 if on else 0.0
-                    u[d.offset + 1] = row[j + 1]
-                    j += 2
-                else:
+        us = [np.zeros(self.width) for _ in range(n)]
+        j = 0
+        for d in self.dims:
+            if d.kind == "cat":
+                for u, row in zip(us, pts):
                     u[d.offset + min(int(row[j] * d.width), d.width - 1)] = 1.0
-                    j += 1
-            out.append(self.decode(u))
-        return out
+                j += 1
+                continue
+            if d.kind == "switch":
+                on = [i for i, row in enumerate(pts) if row[j] >= 0.5]
+                if not on:  # a design without this knob switched on at all: turn one point on
+                    on = [int(rng.integers(n))]
+                col = d.offset + 1
+                for i in on:
+                    us[i][d.offset] = 1.0
+                j += 2
+            else:
+                on = list(range(n))
+                col = d.offset
+                j += 1
+            k = len(on)
+            strata = (rng.permutation(k) + rng.random(k)) / k
+            for i, v in zip(on, strata):
+                us[i][col] = v
+        return [self.decode(u) for u in us]
 
     def levels(self, d: Dim, n_numeric: int = 3) -> list[KnobValue]:
         """A small set of values per knob for grid search: off, seeds, and log/linear-spaced points."""
