@@ -68,6 +68,19 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
     res = doc.get("result") or {}
     if res:
         out.append("")
+        mode = res.get("mode")
+        if mode == "resume":
+            out.append("round: resumed a confirmed configuration for this policy and host (no new search): "
+                       + str(res.get("reason", "")))
+        elif mode == "observe":
+            out.append("round: observe mode, nothing written: " + str(res.get("reason", "")))
+            base = res.get("baseline_config") or {}
+            for c in (res.get("would_try") or [])[:8]:
+                diff = ", ".join(f"{k}={v}" for k, v in c.items() if base.get(k) != v)
+                out.append(f"  would try: {diff or '(baseline values)'}")
+        elif mode == "search":
+            out.append(f"round: full search ({_fmt(res.get('windows_used'))} windows; window noise "
+                       f"{_fmt(res.get('window_noise_sd'))} in log J)")
         obj = res.get("objective_name", "objective")
         b, c = res.get("baseline_objective"), res.get("best_objective")
         line = f"{obj}: baseline {_fmt(b)} -> best {_fmt(c)}"

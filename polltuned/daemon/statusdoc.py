@@ -97,6 +97,10 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
             "deployed_is_baseline": res.deployed_is_baseline, "confirmation": conf,
             "windows_used": res.windows_used,
             "trials": {s: sum(1 for t in res.trials if t.status == s) for s in ("ok", "failed", "aborted")},
+            # search: a full search; resume: a confirmed configuration re-applied at start and
+            # re-checked; observe: measured only, nothing written
+            "mode": res.mode, "reason": res.reason, "window_noise_sd": _num(res.noise_sd),
+            "would_try": [dict(c) for c in res.would_try],
         }
         doc["progress"]["windows_used"] = res.windows_used
         if doc["progress"]["trial"] is None:

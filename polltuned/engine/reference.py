@@ -11,7 +11,8 @@ baseline configuration) with trial windows, ``R R T T R T T R ...``, and a windo
 the log-ratio to the baseline level *at that moment*, a kernel average of the reference windows
 ``r_j = log J`` around ``t`` (both sides once the next reference is measured; the told values are
 revised then). The bandwidth ``h`` (in windows) is chosen by leave-one-out prediction of the
-references themselves, minimising the absolute error over h in {1, 2, 4, 8, 16, 32, all}: when the
+references themselves (absolute error over h in {1, 2, 4, 8, 16, 32, all}; the widest h within
+10 % of the best error wins, so a narrow bandwidth must clearly earn its noise): when the
 host drifts, the nearest references predict best and h is small (the trial is compared with its
 neighbours); when it does not, every reference helps and h is large (a precise baseline instead
 of a noisy neighbour). With fewer than four references all of them are averaged. A reference
@@ -86,14 +87,17 @@ class ReferenceSeries:
         key = (len(act), act[-1][0], self.since)
         if self._bw_key == key:
             return self._bw
-        best, best_err = math.inf, math.inf
+        errs: dict[float, float] = {}
         for h in BANDWIDTHS:
             err = 0.0
             for k, (t, v) in enumerate(act):
                 others = [(i, r) for j, (i, r) in enumerate(act) if j != k]
                 err += abs(v - _kernel_mean(others, t, h)[0])
-            if err < best_err - 1e-12:
-                best, best_err = h, err
+            errs[h] = err
+        # the widest bandwidth that predicts about as well as the best one (within 10 %): a narrow
+        # one must clearly earn its extra noise
+        lo = min(errs.values())
+        best = max(h for h, e in errs.items() if e <= lo * 1.10 + 1e-12)
         self._bw_key, self._bw = key, best
         return best
 
