@@ -396,7 +396,7 @@ def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200), reps: int
         cfgs = space.sample_uniform(rng, n)
         ys = [float(rng.normal(0, 0.3)) for _ in cfgs]
         ours = SkoptOptimiser(space, base, seed=0, safety_limit=math.log(1.5))
-        ours._pending.clear()
+        ours._design.clear()
         for c, y in zip(cfgs, ys):
             ours.hist.add(c, y)
         t_ours = []

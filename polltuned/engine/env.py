@@ -70,6 +70,15 @@ class CpuSampler(Protocol):
     def sample(self) -> Any: ...
 
 
+def _acts_after_affinity(key: str) -> bool:
+    from polltuned.knobs.keys import Effect, parse_key
+
+    try:
+        return parse_key(key).effect is Effect.AFTER_AFFINITY
+    except PolltunedError:
+        return False
+
+
 def _rates(a: Any, b: Any) -> RatesLike:
     from polltuned.metrics.window import rates  # lazy: the observation layer
 
@@ -101,6 +110,7 @@ class HostEnv:
         #: the NIC-queue + app CPUs, or the whole host as a stated fallback); when set, it is used
         #: instead of ``sampler``/``cpus``
         self.cpu_scope = cpu_scope
+        self._affinity_pending: dict[str, KnobValue] = {}
 
     def current(self) -> dict[str, KnobValue]:
         keys = list(self.policy.knobs)
@@ -109,9 +119,32 @@ class HostEnv:
 
     def apply(self, config: Config) -> None:
         self.actuator.apply(config, reason="trial")
+        self._affinity_pending = {k: v for k, v in config.items() if _acts_after_affinity(k)}
+
+    def _settle_affinity(self) -> None:
+        """IRQ affinity acts once ``effective_affinity`` has caught up (at the IRQ's next
+        interrupt): before a window, wait (bounded: 20 x 50 ms) until no IRQ of an affinity knob
+        just written reports a pending move, so the window measures the new placement."""
+        keys, self._affinity_pending = self._affinity_pending, {}
+        knob_of = getattr(self.actuator, "knob", None)
+        if not keys or knob_of is None:
+            return
+        for _ in range(20):
+            pending = False
+            for key, value in keys.items():
+                try:
+                    k = knob_of(key)
+                    k.verify(value)
+                except PolltunedError:
+                    continue
+                pending = pending or bool(getattr(k, "pending", []))
+            if not pending:
+                return
+            self.clock.sleep(0.05)
 
     def measure(self, window_index: int) -> Window:
         self.clock.sleep(self.policy.tuning.settle_s)
+        self._settle_affinity()
         self.probe.restart()
         if self.cpu_scope is not None:
             return self._measure_scoped(window_index, self.cpu_scope)

@@ -21,9 +21,9 @@ the *other* references, so the model knows the baseline is 0 and how noisy it is
 
 Noise: the window-to-window standard deviation of log J is estimated from the successive
 differences of the reference series and of the repeated windows of trial configurations (robust:
-1.4826 x median |r[j+1] - r[j]| / sqrt 2, which slow drift and single outlier windows barely move),
-shrunk towards a prior of 0.15 while there are few of them. The standard error of a trial's mean log-ratio over n windows is
-``sd * sqrt(1 + sum w^2 / (sum w)^2) / sqrt(n)`` (window noise plus the level's own noise).
+1.4826 x median |r[j+1] - r[j]| / sqrt 2: slow drift and single outlier windows barely move it),
+shrunk towards a prior of 0.15 while there are few of them. The standard error of a trial's mean
+log-ratio over n windows is ``sd * sqrt(1 + sum w^2 / (sum w)^2) / sqrt(n)`` (window noise plus the level's own noise).
 
 A workload shift shows as a jump of the reference level: when the last two references sit more than
 ``max(3 x SE, log 1.3)`` away from the references before them (on the same side), ``shift()`` reports the index where

@@ -81,6 +81,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         self._model_n = -1
         self._model_sig: tuple[int, float] = (-1, -1.0)
         self._bad: list[np.ndarray] = []
+        self._body_theta: np.ndarray | None = None
         base = self._base_key
         n_design = max(initial_points, len(space.dims) + 2)
         self._design = [c for c in space.space_filling(n_design, seed) if space.key_of(c) != base]
@@ -279,8 +280,15 @@ class SkoptOptimiser(HistoryBookkeeping):
             kernel = (ConstantKernel(1.0, (0.01, 1000.0))
                       * Matern(length_scale=np.ones(self.space.width), length_scale_bounds=(0.05, 1.0), nu=2.5)
                       + WhiteKernel(noise_level=nl, noise_level_bounds=nb))
+        # warm start: the hyper-parameters start where the last fit ended (one L-BFGS run instead of
+        # restarts from scratch keeps a step well under 0.3 s at 100 observations)
+        prev = self._body_theta
+        warm = prev is not None and len(prev) == len(kernel.k1.theta)
+        if prev is not None and warm:
+            b = kernel.k1.bounds
+            kernel.k1.theta = np.clip(prev, b[:, 0], b[:, 1])
         gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, noise="gaussian",
-                                      n_restarts_optimizer=1, random_state=self.seed)
+                                      n_restarts_optimizer=0 if warm else 1, random_state=self.seed)
         import warnings
 
         with warnings.catch_warnings():
@@ -288,6 +296,7 @@ class SkoptOptimiser(HistoryBookkeeping):
             gp.fit(Xa, ya)
         if not lies:
             self._model = gp
+            self._body_theta = np.array(gp.kernel_.k1.theta)
             self._model_sig = sig
         return gp
 
