@@ -31,6 +31,12 @@ else
   install -m 0644 "$here"/policies/*.toml /usr/share/polltuned/policies/
   install -m 0644 "$here/README.md" /usr/share/polltuned/README.md
   [ -e /etc/polltuned/polltuned.toml ] || install -m 0644 "$here/config/polltuned.toml" /etc/polltuned/polltuned.toml
+  # the manual page, generated from the installed command's own parser (polltuned man)
+  mandir=/usr/local/share/man/man8
+  install -d "$mandir"
+  "$venv/bin/polltuned" man --output "$mandir/polltuned.8.tmp"
+  chmod 0644 "$mandir/polltuned.8.tmp" && mv -f "$mandir/polltuned.8.tmp" "$mandir/polltuned.8"
+  if command -v mandb >/dev/null 2>&1; then mandb -q "${mandir%/man8}" >/dev/null 2>&1 || true; fi
   if [ -d /etc/systemd/system ]; then
     install -m 0644 "$here/polltuned.service" /etc/systemd/system/polltuned.service
     install -D -m 0644 "$here/config/tmpfiles.d/polltuned.conf" /usr/lib/tmpfiles.d/polltuned.conf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from polltuned.actuator import Actuator
 from polltuned.clock import SystemClock
@@ -35,10 +36,14 @@ def build_actuator(args: argparse.Namespace) -> Actuator:
                     app_cpus=cpus, clock=clock)
 
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
+
+
 def parse_assignment_value(text: str) -> KnobValue:
-    """CLI value: an integer when it looks like one, else the string (strategy names)."""
+    """CLI value: an integer when it is ASCII decimal digits (not ``²`` or ``٣``), else the string
+    (strategy names; the knob's validation refuses what it cannot take)."""
     t = text.strip()
-    if t.lstrip("+-").isdigit():
+    if _ASCII_INT.fullmatch(t):
         return int(t)
     return t
 

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from polltuned.cli._knobs_common import add_app_cpus, app_cpus
-from polltuned.errors import ExitCode, HostError, PolltunedError
+from polltuned.errors import ExitCode, HostError, KnobUnsupported, PolltunedError
 from polltuned.host.fs import FsHost, Host
 from polltuned.knobs.base import Knob
 from polltuned.knobs.owners import detect_owners
@@ -17,13 +17,12 @@ from polltuned.knobs.registry import KnobRegistry
 from polltuned.knobs.sysctl import SYSCTLS
 from polltuned.knobs.vhost import VMM_OWNED_NOTE, vhost_threads
 
-HELP = "list every knob on this host (present, writable, value, domain, reason) and other owners"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("policy", nargs="?", default=None, metavar="POLICY",
                    help="validate this policy's knobs against this host instead of listing all knobs")
-    p.add_argument("--nic", default=None, help="the NIC (for {nic} in a policy, or to limit the listing)")
+    p.add_argument("--nic", default=None, metavar="DEV",
+                   help="the NIC (for {nic} in a policy, or to limit the listing)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_app_cpus(p)
 
@@ -129,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"polltuned: check: {p}")
             if not problems:
                 print(f"policy {pol.name!r}: every knob ({len(keys)}) is supported on this host")
-        return int(ExitCode.UNSUPPORTED if problems else ExitCode.OK)
+        if problems:
+            raise KnobUnsupported(f"policy {pol.name!r}: {len(problems)} problem(s) with its {len(keys)} knob(s) "
+                                  "on this host" + (" (listed above)" if not args.json else ""))
+        return int(ExitCode.OK)
     devices = [args.nic] if args.nic else None
     rep = host_report(host, reg, devices)
     if args.json:

@@ -11,7 +11,7 @@ from polltuned.errors import PolicyError
 
 
 class DaemonConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     policy: str = "latency-critical"
     nic: str | None = None

@@ -7,6 +7,7 @@ The file is read-only data (nothing in it can change the host). Mode 0640 so roo
 from __future__ import annotations
 
 import contextlib
+import errno as errno_mod
 import fcntl
 import json
 import os
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from polltuned.errors import LockedError
+from polltuned.errors import LockedError, PermissionNeeded, PolltunedError
 
 STATUS_VERSION = 1
 STATUS_FILE = "status.json"
@@ -86,11 +87,15 @@ def holder_pid(run_dir: str | Path) -> int | None:
 
 
 def daemon_running(run_dir: str | Path) -> bool:
-    """True when some process holds the instance lock (works across pid namespaces)."""
+    """True when some process holds the instance lock (works across pid namespaces).
+    PermissionNeeded when the lock cannot be opened (not root)."""
     p = Path(run_dir) / LOCK_FILE
-    if not p.exists():
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except FileNotFoundError:
         return False
-    fd = os.open(p, os.O_RDONLY)
+    except OSError as e:
+        raise _state_error(p, "open", e) from e
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -112,11 +117,23 @@ def mark_kept(state_dir: str | Path, info: Mapping[str, Any]) -> None:
 
 
 def clear_kept(state_dir: str | Path) -> bool:
+    p = Path(state_dir) / KEEP_MARKER
     try:
-        (Path(state_dir) / KEEP_MARKER).unlink()
+        p.unlink()
         return True
     except FileNotFoundError:
         return False
+    except NotADirectoryError:
+        return False
+    except OSError as e:
+        raise _state_error(p, "remove", e) from e
+
+
+def _state_error(path: Path, action: str, e: OSError) -> PolltunedError:
+    why = e.strerror or str(e)
+    if e.errno in (errno_mod.EACCES, errno_mod.EPERM):
+        return PermissionNeeded(f"{path}: cannot {action}: {why}", hint="run polltuned as root (sudo)")
+    return PolltunedError(f"{path}: cannot {action}: {why}", code="os-error")
 
 
 def is_kept(state_dir: str | Path) -> bool:
