@@ -138,6 +138,8 @@ class JournalHealth:
     error: JournalError | None = None
     note: str = ""
     from_copy: tuple[ManagedKnob, ...] = ()
+    #: corrupt, but the baseline copy is usable: ``rollback`` can restore from it
+    restorable: bool = False
 
 
 class JournalRecovered(JournalError):
@@ -530,12 +532,11 @@ class Actuator:
         try:
             st = self.journal.state()
         except JournalError as e:
-            rows: tuple[ManagedKnob, ...] = ()
             try:
                 rows = tuple(self._managed_rows(self.journal.recovery(e), from_copy=True))
             except JournalError:
-                pass
-            return JournalHealth("corrupt", e, "", rows)
+                return JournalHealth("corrupt", e)
+            return JournalHealth("corrupt", e, "", rows, restorable=True)
         return JournalHealth("dirty" if self._dirty(st) else "clean", None, st.copy_note)
 
     def _dirty(self, st: JournalState) -> bool:

@@ -379,11 +379,21 @@ def cross_check(st: JournalState, copy: BaselineCopy | None, *, source: str = JO
     st.copy_note = stale
 
 
+def _writes_after_last_marker(salvaged: list[dict[str, Any]]) -> bool:
+    tail = salvaged
+    for i, r in enumerate(salvaged):
+        if r["type"] in ("epoch", "clean"):
+            tail = salvaged[i + 1:]
+    return any(r["type"] in ("intent", "applied") for r in tail)
+
+
 def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> JournalState:
     """Pure: the open epoch of a damaged journal, rebuilt for a rollback. Baselines come from the
-    copy; the intact records after the journal's last epoch/clean marker add what is still known
-    (last written value, released, restored). A knob with no surviving record after its baseline
-    is *unknown* (unsettled), so rollback restores it. Raises JournalCopiesDisagree when a
+    copy (plus intact baseline records of knobs it lacks). Every knob is *unknown* (unsettled), so
+    rollback restores it: records were lost, so a surviving "applied" is not known to be the last
+    write and cannot tell an admin's value from polltuned's. Only explicit decisions that survive
+    are kept: ``released`` (admin wins, never written again) and ``gone``. A surviving ``clean``
+    for the copy's epoch means nothing is left to restore. Raises JournalCopiesDisagree when a
     surviving baseline record differs from the copy."""
     start, closed_to = 0, -1
     for i, r in enumerate(salvaged):
@@ -414,8 +424,11 @@ def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> Journa
             if key not in st.knobs:
                 st.knobs[key] = KnobHistory(key, len(st.knobs), r.get("state"), r.get("value"), None, settled=False,
                                             kind=str(r.get("kind") or ""))
-        elif key in st.knobs:
-            _fold(st.knobs[key], r)
+        elif key in st.knobs and t == "released":
+            st.knobs[key].released = True
+            st.knobs[key].released_live = r.get("live")
+        elif key in st.knobs and t == "gone":
+            st.knobs[key].gone = True
     return st
 
 
@@ -476,8 +489,10 @@ class Journal:
 
     def recovery(self, damage: JournalError) -> JournalState:
         """The open epoch of a damaged journal rebuilt from the baseline copy plus the journal's
-        intact records (:func:`recovery_state`). Re-raises ``damage`` (hint adjusted) when the copy
-        cannot help: copies that disagree, no copy, a closed copy, or a damaged copy."""
+        intact records (:func:`recovery_state`). A closed copy means no knob was written since the
+        journal's last clean record (the copy is opened before any write): nothing to restore.
+        Re-raises ``damage`` (hint adjusted) when the copy cannot help: copies that disagree, no
+        copy, a damaged copy, or a closed copy contradicted by intact write records."""
         if isinstance(damage, JournalCopiesDisagree):
             raise damage
         try:
@@ -485,12 +500,15 @@ class Journal:
         except JournalError as e:
             raise JournalError(f"{damage.message}; the baseline copy is damaged too: {e.message}",
                                hint="nothing was written; restore the knobs by hand") from None
-        if copy is None or not copy.open:
+        if copy is None:
             raise JournalError(damage.message,
-                               hint="nothing was written; there is no baseline copy of an open epoch to restore "
-                                    "from; inspect or move the journal aside") from None
-        data = self._read(self.path) or b""
-        return recovery_state(copy, salvage_records(data))
+                               hint="nothing was written; there is no baseline copy to restore from; "
+                                    "inspect or move the journal aside") from None
+        salvaged = salvage_records(self._read(self.path) or b"")
+        if not copy.open and _writes_after_last_marker(salvaged):
+            raise JournalError(f"{damage.message}; the baseline copy {self.copy_path} is closed but intact "
+                               "journal records show writes", hint="nothing was written; restore the knobs by hand")
+        return recovery_state(copy, salvaged)
 
     # -- locking ---------------------------------------------------------------------------
     @contextmanager
@@ -533,6 +551,10 @@ class Journal:
         self._ensure_dir()
         parsed = self.load()
         created = not self.path.exists()
+        if created and not self.copy_path.exists():
+            # a new journal always has a copy: then "no copy" can only mean an older polltuned (or
+            # a deleted file), and a damaged journal next to a closed copy provably left nothing
+            self.write_copy(BaselineCopy(0, False))
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as e:

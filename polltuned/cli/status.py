@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         out["journal"] = {"state": health.state, "note": health.note,
                           "error": health.error.message if health.error else None,
                           "error_code": health.error.code if health.error else None,
+                          "restorable_from_copy": health.restorable,
                           "baseline_copy": [_knob_json(m) for m in health.from_copy]}
         print(json.dumps(out, indent=1, sort_keys=True, default=str))
     else:
@@ -60,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
                       + (": " + ", ".join(f"{m.key} (live {fmt(m.live)}, original {fmt(m.baseline)})"
                                           for m in off_copy) if off_copy else ""))
                 print("           restore them with: polltuned rollback (from the baseline copy)")
+            elif health.restorable:
+                print("           the baseline copy shows no knob written since the last complete rollback; "
+                      "polltuned rollback sets the damaged journal aside")
             else:
                 print("           no usable baseline copy: nothing can be restored automatically")
     if corrupt:
