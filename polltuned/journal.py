@@ -389,12 +389,12 @@ def _writes_after_last_marker(salvaged: list[dict[str, Any]]) -> bool:
 
 def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> JournalState:
     """Pure: the open epoch of a damaged journal, rebuilt for a rollback. Baselines come from the
-    copy (plus intact baseline records of knobs it lacks). Every knob is *unknown* (unsettled), so
-    rollback restores it: records were lost, so a surviving "applied" is not known to be the last
-    write and cannot tell an admin's value from polltuned's. Only explicit decisions that survive
-    are kept: ``released`` (admin wins, never written again) and ``gone``. A surviving ``clean``
-    for the copy's epoch means nothing is left to restore. Raises JournalCopiesDisagree when a
-    surviving baseline record differs from the copy."""
+    copy (plus intact baseline records of knobs it lacks that intact records show written). Every
+    knob is *unknown* (unsettled), so rollback restores it: records were lost, so a surviving
+    "applied" is not known to be the last write and cannot tell an admin's value from polltuned's.
+    Only explicit decisions that survive are kept: ``released`` (admin wins, never written again)
+    and ``gone``. A surviving ``clean`` for the copy's epoch means nothing is left to restore.
+    Raises JournalCopiesDisagree when a surviving baseline record differs from the copy."""
     start, closed_to = 0, -1
     for i, r in enumerate(salvaged):
         if r["type"] in ("epoch", "clean"):
@@ -406,6 +406,7 @@ def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> Journa
         st.closed_epochs.add(copy.epoch)
         return st
     by_key = {e.key: e for e in copy.entries}
+    extra: dict[str, KnobHistory] = {}
     for e in copy.entries:
         st.knobs[e.key] = KnobHistory(e.key, len(st.knobs), e.state, e.value, None, settled=False, kind=e.kind)
     for r in salvaged[start:]:
@@ -421,9 +422,15 @@ def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> Journa
                     f"{key}: an intact journal record and the baseline copy disagree on the original value "
                     f"(journal {r.get('value')!r}, copy {ce.value!r}); nothing was written",
                     hint="decide which is right and move the other aside")
-            if key not in st.knobs:
-                st.knobs[key] = KnobHistory(key, len(st.knobs), r.get("state"), r.get("value"), None, settled=False,
-                                            kind=str(r.get("kind") or ""))
+            if key not in st.knobs and key not in extra:
+                extra[key] = KnobHistory(key, 0, r.get("state"), r.get("value"), None, settled=False,
+                                         kind=str(r.get("kind") or ""))
+        elif key in extra and t in ("intent", "applied"):
+            # a knob the copy lacks (a stale copy) that intact records show written: restore it too;
+            # without a write it is the crash window between its baseline record and the copy
+            h = extra.pop(key)
+            h.order = len(st.knobs)
+            st.knobs[key] = h
         elif key in st.knobs and t == "released":
             st.knobs[key].released = True
             st.knobs[key].released_live = r.get("live")

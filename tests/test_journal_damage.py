@@ -143,6 +143,12 @@ def test_salvage_and_recovery_state() -> None:
     # nothing survived: every knob unknown, so rollback restores each one
     st0 = recovery_state(copy, [])
     assert all(not h.settled for h in st0.knobs.values())
+    # a knob the copy lacks: restored only when intact records show it written
+    more = salvage_records(lines(rec(11, "baseline", key="d", state=3, value=3),
+                                 rec(12, "baseline", key="e", state=4, value=4),
+                                 rec(13, "intent", key="e", value=40, txn=2)))
+    st2 = recovery_state(copy, salv + more)
+    assert list(st2.knobs) == ["a", "b", "c", "e"] and st2.knobs["e"].baseline_value == 4
     # a surviving record closes the epoch: nothing to restore
     assert not recovery_state(copy, [rec(99, "clean", epoch=4)]).open
     with pytest.raises(JournalCopiesDisagree):
@@ -361,3 +367,39 @@ def test_cli_rollback_json_reports_the_recovery(root: Path, tmp_path: Path, caps
     assert "baseline records of" in doc["journal_error"] and doc["damaged_journal"].endswith(".damaged-1")
     assert sorted(i["key"] for i in doc["items"]) == ["eth0:gro_flush_timeout", "net.core.busy_poll"]
     assert len(error_lines(err)) == 1
+
+
+@pytest.mark.slow
+def test_real_daemon_killed_then_journal_head_lost(tmp_path: Path) -> None:
+    """kill -9 of a daemon holding a deployed configuration, then the journal loses its head:
+    status says DAMAGED (exit 7), the daemon refuses to start on it (one line, nothing written),
+    and what ExecStopPost runs restores every original from the baseline copy."""
+    from tests.test_daemon_process import World, _wait_phase
+
+    w = World(tmp_path)
+    try:
+        proc = w.start()
+        try:
+            w.wait_for("READY=1")
+            _wait_phase(w, "HOLD")
+        finally:
+            proc.kill()
+            proc.wait()
+        tuned = w.snapshot()
+        assert tuned != w.originals
+        jp = w.state / JOURNAL_NAME
+        data = jp.read_bytes()
+        jp.write_bytes(data[len(data) // 2:])  # head lost mid-record
+        st = w.cli("status")
+        assert st.returncode == 7 and "DAMAGED" in st.stdout and "clean" not in st.stdout
+        assert len(error_lines(st.stderr)) == 1
+        run = w.cli("run", "--config", str(w.config))
+        assert run.returncode == 7 and len(error_lines(run.stderr)) == 1 and "Traceback" not in run.stderr
+        assert w.snapshot() == tuned  # the daemon wrote nothing over a damaged journal
+        rb = w.cli("rollback", "--if-dirty")
+        assert rb.returncode == 7 and "[from the baseline copy]" in rb.stdout and len(error_lines(rb.stderr)) == 1
+        assert w.snapshot() == w.originals
+        again = w.cli("status")
+        assert again.returncode == 0 and "host is clean" in again.stdout
+    finally:
+        w.close()
