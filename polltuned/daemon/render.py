@@ -38,7 +38,7 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
                    + (f" — {doc['message']}" if doc.get("message") else "")
                    + f"   (updated {age:.0f} s ago)")
     else:
-        state = ("in an UNKNOWN state: the journal cannot be read" if dirty is None else
+        state = ("in an UNKNOWN state: the journal is damaged or unreadable" if dirty is None else
                  "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value")
         out.append(f"polltuned: not running; host is {state}")
         if doc:
