@@ -276,3 +276,21 @@ def test_unexpected_exception_is_one_line_unless_debug(capsys: pytest.CaptureFix
     assert rc == 1 and "unexpected RuntimeError: boom\\nsecond line" in assert_one_error(err, "internal")
     with pytest.raises(RuntimeError):
         main(["--debug", "verify"])
+
+
+def test_host_root_must_be_a_proc_sys_tree(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped --host-root must not make every knob look vanished: rollback would journal them
+    "gone" and forget their originals."""
+    state = tmp_path / "st"
+    assert run(capsys, "--host-root", str(root), "--state-dir", str(state), "apply", "net.core.busy_poll=50")[0] == 0
+    journal = (state / "journal.jsonl").read_bytes()
+    (tmp_path / "empty").mkdir()
+    for bad, text in ((tmp_path / "nope", "no such directory"), (tmp_path / "empty", "neither proc/ nor sys/")):
+        for cmd in (["rollback"], ["verify"], ["status"], ["check"], ["apply", "net.core.busy_poll=1"],
+                    ["top", "--once"]):
+            rc, _, err = run(capsys, "--host-root", str(bad), "--state-dir", str(state), "--run-dir",
+                             str(tmp_path / "run"), *cmd)
+            assert rc == 2 and text in assert_one_error(err, "usage"), (cmd, err)
+    assert (state / "journal.jsonl").read_bytes() == journal
+    assert run(capsys, "--host-root", str(root), "--state-dir", str(state), "rollback")[0] == 0
+    assert (root / "proc/sys/net/core/busy_poll").read_text() == "0\n"

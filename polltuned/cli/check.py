@@ -8,9 +8,9 @@ import argparse
 import json
 from typing import Any
 
-from polltuned.cli._knobs_common import add_app_cpus, app_cpus
+from polltuned.cli._knobs_common import add_app_cpus, app_cpus, make_host
 from polltuned.errors import ExitCode, HostError, KnobUnsupported, PolltunedError
-from polltuned.host.fs import FsHost, Host
+from polltuned.host.fs import Host
 from polltuned.knobs.base import Knob
 from polltuned.knobs.owners import detect_owners
 from polltuned.knobs.registry import KnobRegistry
@@ -110,7 +110,7 @@ def policy_problems(reg: KnobRegistry, keys: list[str], bounds: dict[str, tuple[
 
 
 def run(args: argparse.Namespace) -> int:
-    host = FsHost(args.host_root)
+    host = make_host(args)
     reg = KnobRegistry(host, app_cpus=app_cpus(args))
     if args.policy is not None:
         from polltuned.policy import load_policy

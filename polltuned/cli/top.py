@@ -13,12 +13,12 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from polltuned.cli._knobs_common import make_host
 from polltuned.cli._types import finite_float, int_range
 from polltuned.clock import Clock, SystemClock
 from polltuned.counters import Sampler
 from polltuned.counters.sampler import Snapshot
 from polltuned.errors import UsageError
-from polltuned.host.fs import FsHost
 from polltuned.metrics.window import Rates, rates
 
 
@@ -116,6 +116,6 @@ def run(args: argparse.Namespace) -> int:
         families = [n for n, c in COLLECTORS.items() if c.default and n != "procs"] + ["interrupts"]
     count = 1 if args.once else args.count
     clock = SystemClock()
-    with Sampler(FsHost(args.host_root), clock=clock, nic=args.nic, families=families) as sampler:
+    with Sampler(make_host(args), clock=clock, nic=args.nic, families=families) as sampler:
         return loop(sampler, clock, interval=args.interval, count=count, as_json=args.json,
                     out=sys.stdout, clear=sys.stdout.isatty() and not args.json and count != 1)
