@@ -114,6 +114,7 @@ def test_odd_option_values_one_line(root: Path, tmp_path: Path, capsys: pytest.C
     (["apply"], "the following arguments are required: KEY=VALUE"),
     (["--state-dir"], "argument --state-dir: expected one argument"),
     (["check", "a", "b"], "unrecognized arguments: b"),
+    (["man", "--out", "x"], "unrecognized arguments: --out x"),  # no abbreviations
 ])
 def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], text: str) -> None:
     rc, out, err = run(capsys, *argv)

@@ -23,6 +23,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
@@ -160,7 +161,8 @@ def policy_texts(draw: hs.DrawFn) -> bytes:
     return text
 
 
-def test_fuzz_policy_files(tmp_path: Path) -> None:
+def test_fuzz_policy_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # whatever a fuzzed command might write lands here
     root = make_tree(tmp_path / "root")
     originals = tree_values(root)
     seen: dict[str | None, int] = {}
@@ -239,12 +241,13 @@ def argvs(draw: hs.DrawFn, root: Path, state: Path, run: Path) -> list[str]:
     return [*g, cmd, *toks]
 
 
-def test_fuzz_cli_argument_vectors(tmp_path: Path) -> None:
+def test_fuzz_cli_argument_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each vector starts from the fixture tree and a fresh state directory, or (drawn) one where a
     valid apply left polltuned values: then ``status`` may answer 3 (dirty), which is a result,
     not an error. Every example is independent, so a failure shrinks to itself."""
     from polltuned.actuator import Actuator
 
+    monkeypatch.chdir(tmp_path)  # whatever a fuzzed command might write lands here
     root = make_tree(tmp_path / "root")
     originals = tree_values(root)
     state, run = tmp_path / "st", tmp_path / "run"

@@ -18,7 +18,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from polltuned.errors import ExitCode, PermissionNeeded, PolltunedError, UsageError
 
@@ -51,7 +51,12 @@ _GLOBAL_VALUED = ("--host-root", "--state-dir", "--run-dir")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one ``polltuned: error[usage]`` line (a UsageError)."""
+    """argparse, but a usage error is one ``polltuned: error[usage]`` line (a UsageError), and no
+    abbreviated options (``--o`` is not ``--output``: a typo must not become a file name)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         where = self.prog.removeprefix("polltuned").strip()
