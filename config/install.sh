@@ -39,6 +39,12 @@ setup_system() {
   install -m 0644 "$here/README.md" /usr/share/polltuned/README.md
   [ -e /etc/polltuned/polltuned.toml ] || install -m 0644 "$here/config/polltuned.toml" /etc/polltuned/polltuned.toml
   install -d -m 0750 -o root -g polltuned /var/lib/polltuned
+  # the manual page, generated from the installed command's own parser (polltuned man)
+  local mandir=/usr/local/share/man/man8
+  install -d "$mandir"
+  "$venv/bin/polltuned" man --output "$mandir/polltuned.8.tmp"
+  chmod 0644 "$mandir/polltuned.8.tmp" && mv -f "$mandir/polltuned.8.tmp" "$mandir/polltuned.8"
+  if command -v mandb >/dev/null 2>&1; then mandb -q "${mandir%/man8}" >/dev/null 2>&1 || true; fi
   if [ -d /etc/systemd/system ]; then
     install -m 0644 "$here/polltuned.service" /etc/systemd/system/polltuned.service
     install -D -m 0644 "$here/config/tmpfiles.d/polltuned.conf" /usr/lib/tmpfiles.d/polltuned.conf

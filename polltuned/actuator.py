@@ -16,6 +16,12 @@ apply(assignment) is a transaction:
 rollback() restores every baseline of the open epoch in reverse first-touch order, skipping
 released knobs and reporting vanished ones; when nothing failed it closes the epoch (``clean``).
 It needs nothing but the state directory, so it works from a fresh process after a crash.
+When the journal is damaged (head lost, emptied, cut inside a baseline, a bad record) it restores
+from the baseline copy instead (journal.py), sets the damaged journal aside once every knob is
+back, and raises JournalRecovered (exit 7) carrying the report: damage is never reported as clean.
+
+plan(assignment) is apply without side effects (``polltuned apply --dry-run``): the records the
+transaction would journal (baselines, intents, expected writes), nothing written or locked.
 
 Test hook: ``POLLTUNED_TEST_PAUSE_AFTER=STAGE[:N]`` (STAGE in baseline, intent, write) makes the
 process SIGSTOP itself right after the Nth such step (default 1st; the record is already
@@ -27,14 +33,22 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal, NoReturn
 
 from polltuned.clock import Clock
-from polltuned.errors import HostError, KnobUnsupported, ParseError, PermissionNeeded, PolltunedError
+from polltuned.errors import (
+    HostError,
+    JournalError,
+    KnobUnsupported,
+    ParseError,
+    PermissionNeeded,
+    PolltunedError,
+)
 from polltuned.host.fs import Host
-from polltuned.journal import COMPACT_BYTES, Journal, JournalState, KnobHistory
+from polltuned.journal import COMPACT_BYTES, BaselineCopy, Journal, JournalState, KnobHistory
 from polltuned.knobs.base import JsonValue, Knob, KnobGone
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.records import KnobValue
@@ -103,6 +117,53 @@ class ManagedKnob:
     state: Literal["polltuned", "released", "unsupported", "gone", "restored"]
 
 
+@dataclass(frozen=True)
+class ApplyPlan:
+    """What ``apply`` would do (``polltuned apply --dry-run``): the journal records of the
+    transaction in order (``type`` plus payload; ``applied`` carries the value apply expects to
+    read back), the changes, and the knobs it would skip or release."""
+
+    records: tuple[dict[str, Any], ...]
+    changes: tuple[KnobChange, ...]
+    skipped_released: tuple[str, ...] = ()
+    released_now: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JournalHealth:
+    """``clean`` / ``dirty`` / ``corrupt`` for status. ``corrupt`` carries the error and, when the
+    baseline copy is usable, the knobs it lists with their live values (``from_copy``)."""
+
+    state: Literal["clean", "dirty", "corrupt"]
+    error: JournalError | None = None
+    note: str = ""
+    from_copy: tuple[ManagedKnob, ...] = ()
+    #: corrupt, but the baseline copy is usable: ``rollback`` can restore from it
+    restorable: bool = False
+
+
+class JournalRecovered(JournalError):
+    """The journal was damaged; rollback restored what it could from the baseline copy (``report``).
+    Still an error (exit 7): the damage is reported, never passed off as a clean host."""
+
+    def __init__(self, damage: JournalError, report: RollbackReport, copy_path: Path, aside: Path | None) -> None:
+        counts: dict[str, int] = {}
+        for i in report.items:
+            counts[i.outcome] = counts.get(i.outcome, 0) + 1
+        summary = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "nothing left to restore"
+        tail = f"; damaged journal kept as {aside}" if aside is not None else \
+            ("; the damaged journal stays until every knob is restored" if not report.clean else "")
+        super().__init__(f"{damage.message}; rolled back from the baseline copy {copy_path}: {summary}{tail}",
+                         hint="every knob is back at its original value (or released to the admin)" if report.clean
+                         else "fix what failed and run `polltuned rollback` again")
+        self.damage = damage
+        self.report = report
+        self.aside = aside
+
+
+Record = Callable[..., object]
+
+
 class _Pauser:
     def __init__(self) -> None:
         spec = os.environ.get(PAUSE_ENV, "")
@@ -139,7 +200,9 @@ class Actuator:
         return {k: self.knob(k).read() for k in keys}
 
     # -- apply --------------------------------------------------------------------------------
-    def apply(self, assignment: Mapping[str, KnobValue], *, reason: str = "") -> ApplyResult:
+    def _prepare(self, assignment: Mapping[str, KnobValue], *, warn: bool = True
+                 ) -> tuple[dict[str, Knob], dict[str, KnobValue]]:
+        """Step 1: validate every value and check every knob is present and writable."""
         knobs: dict[str, Knob] = {}
         values: dict[str, KnobValue] = {}
         for key, raw in assignment.items():  # 1. validate everything before touching anything
@@ -150,11 +213,49 @@ class Actuator:
             av = k.availability()
             if not av.present:
                 raise KnobUnsupported(f"{key}: {av.reason}")
-            for w in av.warnings:
+            for w in av.warnings if warn else ():
                 log.warning("%s: %s", key, w, extra={"knob": key})
             if not av.writable:
                 raise PermissionNeeded(f"{key}: {av.reason}") if "root" in av.reason or "CAP_" in av.reason \
                     else KnobUnsupported(f"{key}: {av.reason}")
+        return knobs, values
+
+    def plan(self, assignment: Mapping[str, KnobValue], *, reason: str = "") -> ApplyPlan:
+        """The transaction apply() would journal, computed read-only: no lock, no record, no write.
+        Raises what apply() would raise before its first write (bad value, missing knob, damaged
+        journal)."""
+        knobs, values = self._prepare(assignment, warn=False)
+        st = self.journal.state()
+        recs: list[dict[str, Any]] = []
+        released_now: list[str] = []
+        for key, h in st.knobs.items():
+            if h.released or h.gone:
+                continue
+            live = self._admin_live(key, h)
+            if live is not None:
+                released_now.append(key)
+                recs.append({"type": "released", "key": key, "live": live, "expected": h.last_value})
+        skipped = [k for k in values if (k in st.knobs and st.knobs[k].released) or k in released_now]
+        todo = [k for k in values if k not in skipped]
+        if not st.open:
+            recs.append({"type": "epoch", "epoch": self.journal.next_epoch(st)})
+        txn = st.last_txn + 1
+        recs.append({"type": "txn", "txn": txn, "reason": reason, "keys": todo})
+        before: dict[str, KnobValue] = {}
+        for key in todo:
+            before[key] = knobs[key].read()
+            if key not in st.knobs:
+                recs.append({"type": "baseline", "key": key, "state": knobs[key].snapshot(), "value": before[key],
+                             "kind": knobs[key].kind})
+        for key in todo:
+            recs.append({"type": "intent", "key": key, "value": values[key], "txn": txn})
+            recs.append({"type": "applied", "key": key, "value": values[key], "txn": txn})
+        recs.append({"type": "txn-end", "txn": txn, "ok": True})
+        return ApplyPlan(tuple(recs), tuple(KnobChange(k, before[k], values[k]) for k in todo), tuple(skipped),
+                         tuple(released_now))
+
+    def apply(self, assignment: Mapping[str, KnobValue], *, reason: str = "") -> ApplyResult:
+        knobs, values = self._prepare(assignment)
         pause = _Pauser()
         with self.journal.locked():
             if self.journal.size() > COMPACT_BYTES:
@@ -178,8 +279,10 @@ class Actuator:
                 else:
                     todo.append(key)
             # 3. epoch and baselines, all durable before the first write
+            if st.copy_note:
+                log.warning("%s", st.copy_note)
             if not st.open:
-                self.journal.append("epoch", epoch=st.epoch + 1)
+                self.journal.append("epoch", epoch=self.journal.next_epoch(st))
             txn = st.last_txn + 1
             self.journal.append("txn", txn=txn, reason=reason, keys=todo)
             baselines: dict[str, JsonValue] = {}
@@ -193,6 +296,8 @@ class Actuator:
                     baselines[key] = snap
                 else:
                     baselines[key] = hist.baseline_state
+            # the second copy of the baselines, durable before the first write
+            self.journal.sync_copy()
             # pre-transaction state for undo
             pre: dict[str, JsonValue] = {key: knobs[key].snapshot() for key in todo}
             before: dict[str, KnobValue] = {key: knobs[key].read() for key in todo}
@@ -253,17 +358,24 @@ class Actuator:
                 failures.append(key)
         return failures
 
-    def _admin_changed(self, key: str, h: KnobHistory) -> bool:
-        """Journal a release when the live value differs from what polltuned last left there."""
+    def _admin_live(self, key: str, h: KnobHistory) -> KnobValue | None:
+        """The live value when it differs from what polltuned last left there (an admin change)."""
         if not h.settled:  # interrupted write: we do not know; rollback restores the baseline
-            return False
+            return None
         try:
             live = self.knob(key).read()
         except KnobGone:
-            return False
+            return None
         except (HostError, PolltunedError):
-            return False
+            return None
         if _same(live, h.last_value) or _same(live, h.baseline_value):  # unchanged, or reset by the kernel
+            return None
+        return live
+
+    def _admin_changed(self, key: str, h: KnobHistory) -> bool:
+        """Journal a release when the live value differs from what polltuned last left there."""
+        live = self._admin_live(key, h)
+        if live is None:
             return False
         self.journal.append("released", key=key, live=live, expected=h.last_value)
         log.warning("%s: changed outside polltuned (%r, polltuned left %r): released, admin wins",
@@ -272,27 +384,58 @@ class Actuator:
 
     # -- rollback -----------------------------------------------------------------------------
     def rollback(self) -> RollbackReport:
+        """Restore every baseline of the open epoch (module doc). Raises JournalRecovered (after
+        restoring from the baseline copy) when the journal is damaged, JournalError when nothing
+        can be restored safely."""
         with self.journal.locked():
-            st = self.journal.state()
+            try:
+                st = self.journal.state()
+            except JournalError as damage:
+                self._rollback_damaged(damage)
+            if st.copy_note:
+                log.warning("%s", st.copy_note)
             if not st.open:
+                self.journal.sync_copy(st)
                 return RollbackReport((), True, False)
-            ordered = sorted(st.knobs.values(), key=lambda x: x.order, reverse=True)
-            # admin check for every knob first: restoring one knob may legitimately change another
-            # (sysfs write-all resets per-NAPI values), which must not look like an admin change
-            early: dict[str, RollbackItem] = {}
-            for h in ordered:
-                pre = self._rollback_precheck(h)
-                if pre is not None:
-                    early[h.key] = pre
-            items = [early[h.key] if h.key in early else self._rollback_one(h) for h in ordered]
+            items = self._restore_all(st, self.journal.append)
             clean = all(i.outcome != "failed" for i in items)
             if clean:
                 self.journal.append("clean", epoch=st.epoch)
+                self.journal.sync_copy()
                 if self.journal.size() > COMPACT_BYTES:
                     self.journal.compact()
             return RollbackReport(tuple(items), clean, True)
 
-    def _rollback_precheck(self, h: KnobHistory) -> RollbackItem | None:
+    def _restore_all(self, st: JournalState, record: Record) -> list[RollbackItem]:
+        ordered = sorted(st.knobs.values(), key=lambda x: x.order, reverse=True)
+        # admin check for every knob first: restoring one knob may legitimately change another
+        # (sysfs write-all resets per-NAPI values), which must not look like an admin change
+        early: dict[str, RollbackItem] = {}
+        for h in ordered:
+            pre = self._rollback_precheck(h, record)
+            if pre is not None:
+                early[h.key] = pre
+        return [early[h.key] if h.key in early else self._rollback_one(h, record) for h in ordered]
+
+    def _rollback_damaged(self, damage: JournalError) -> NoReturn:
+        """Rollback of a damaged journal from the baseline copy; always raises."""
+        st = self.journal.recovery(damage)  # re-raises when the copy cannot help
+
+        def record(type_: str, **payload: object) -> None:  # the damaged journal takes no appends
+            log.info("recovery: %s %s", type_, payload.get("key", ""))
+
+        items = self._restore_all(st, record) if st.open else []
+        report = RollbackReport(tuple(items), all(i.outcome != "failed" for i in items), bool(items))
+        aside = None
+        if report.clean:
+            aside = self.journal.set_aside()
+            self.journal.write_copy(BaselineCopy(max(st.epoch, st.copy_epoch), False))
+        for i in items:  # info: the caller reports the items and the damage (one error line)
+            log.info("%s: %s %r (from the baseline copy)%s", i.key, i.outcome, i.value,
+                        f": {i.detail}" if i.detail else "", extra={"knob": i.key})
+        raise JournalRecovered(damage, report, self.journal.copy_path, aside)
+
+    def _rollback_precheck(self, h: KnobHistory, record: Record) -> RollbackItem | None:
         """Released / gone / admin-changed decided before any restore; None = restore it."""
         key = h.key
         if h.released:
@@ -302,7 +445,7 @@ class Actuator:
         try:
             live = self.knob(key).read()
         except KnobGone as e:
-            self.journal.append("gone", key=key, detail=e.message)
+            record("gone", key=key, detail=e.message)
             return RollbackItem(key, "gone", None, e.message)
         except ParseError as e:  # unreadable live value: nobody chose it; put the baseline back
             log.warning("%s: live value unreadable (%s); restoring the baseline", key, e.message, extra={"knob": key})
@@ -312,12 +455,12 @@ class Actuator:
         # back at its original value = not an admin choice (kernel reset, or a rollback killed between
         # its write and its journal record): restore it fully (composite knobs may be half done)
         if h.settled and not _same(live, h.last_value) and not _same(live, h.baseline_value):
-            self.journal.append("released", key=key, live=live, expected=h.last_value)
+            record("released", key=key, live=live, expected=h.last_value)
             log.warning("%s: changed outside polltuned (%r); rollback leaves it", key, live, extra={"knob": key})
             return RollbackItem(key, "released", live, "changed by the admin; left alone")
         return None
 
-    def _rollback_one(self, h: KnobHistory) -> RollbackItem:
+    def _rollback_one(self, h: KnobHistory, record: Record) -> RollbackItem:
         key = h.key
         try:
             k = self.knob(key)
@@ -326,17 +469,17 @@ class Actuator:
             except ParseError:
                 already = False
             if already:
-                self.journal.append("restored", key=key, value=h.baseline_value)
+                record("restored", key=key, value=h.baseline_value)
                 return RollbackItem(key, "already", h.baseline_value)
             k.restore(h.baseline_state)
             if not k.matches(h.baseline_state):
                 return RollbackItem(key, "failed", k.read(), f"restore of {h.baseline_value!r} did not stick")
         except KnobGone as e:
-            self.journal.append("gone", key=key, detail=e.message)
+            record("gone", key=key, detail=e.message)
             return RollbackItem(key, "gone", None, e.message)
         except PolltunedError as e:
             return RollbackItem(key, "failed", None, e.message)
-        self.journal.append("restored", key=key, value=h.baseline_value)
+        record("restored", key=key, value=h.baseline_value)
         log.info("%s: restored %r", key, h.baseline_value, extra={"knob": key})
         return RollbackItem(key, "restored", h.baseline_value)
 
@@ -380,7 +523,23 @@ class Actuator:
         return self.journal.state()
 
     def is_dirty(self) -> bool:
-        st = self.journal.state()
+        """Does some knob still carry a polltuned value? Raises JournalError when the journal is
+        damaged (a damaged journal is never reported as clean)."""
+        return self._dirty(self.journal.state())
+
+    def health(self) -> JournalHealth:
+        """clean / dirty / corrupt, for status. PermissionNeeded propagates (cannot even look)."""
+        try:
+            st = self.journal.state()
+        except JournalError as e:
+            try:
+                rows = tuple(self._managed_rows(self.journal.recovery(e), from_copy=True))
+            except JournalError:
+                return JournalHealth("corrupt", e)
+            return JournalHealth("corrupt", e, "", rows, restorable=True)
+        return JournalHealth("dirty" if self._dirty(st) else "clean", None, st.copy_note)
+
+    def _dirty(self, st: JournalState) -> bool:
         if not st.open:
             return False
         for h in st.knobs.values():
@@ -397,7 +556,9 @@ class Actuator:
         return False
 
     def managed(self) -> list[ManagedKnob]:
-        st = self.journal.state()
+        return self._managed_rows(self.journal.state())
+
+    def _managed_rows(self, st: JournalState, *, from_copy: bool = False) -> list[ManagedKnob]:
         out: list[ManagedKnob] = []
         if not st.open:
             return out
@@ -406,7 +567,10 @@ class Actuator:
             state: Literal["polltuned", "released", "unsupported", "gone", "restored"]
             try:
                 live = self.knob(h.key).read()
-                state = "released" if h.released else ("restored" if h.restored else "polltuned")
+                if from_copy:  # what matters is only: still the original, or not
+                    state = "restored" if self.knob(h.key).matches(h.baseline_state) else "polltuned"
+                else:
+                    state = "released" if h.released else ("restored" if h.restored else "polltuned")
             except KnobGone:
                 state = "gone"
             except PolltunedError:

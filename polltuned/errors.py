@@ -22,6 +22,12 @@ class ExitCode(enum.IntEnum):
     PROBE = 8            # measurement failed
 
 
+def one_line(text: str) -> str:
+    """``text`` safe to print as one line: control characters (newlines, escapes, NUL) from user
+    input are shown escaped instead of breaking the line or the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class PolltunedError(Exception):
     """Root of every user-facing error."""
 
@@ -36,9 +42,9 @@ class PolltunedError(Exception):
             self.code = code
 
     def render(self) -> str:
-        line = f"polltuned: error[{self.code}]: {self.message}"
+        line = f"polltuned: error[{self.code}]: {one_line(self.message)}"
         if self.hint:
-            line += f"\n  hint: {self.hint}"
+            line += f"\n  hint: {one_line(self.hint)}"
         return line
 
 
@@ -58,9 +64,9 @@ class PolicyError(PolltunedError):
         self.problems = problems
 
     def render(self) -> str:
-        lines = [f"polltuned: error[{self.code}]: {p}" for p in self.problems] or [super().render()]
+        lines = [f"polltuned: error[{self.code}]: {one_line(p)}" for p in self.problems] or [super().render()]
         if self.hint:
-            lines.append(f"  hint: {self.hint}")
+            lines.append(f"  hint: {one_line(self.hint)}")
         return "\n".join(lines)
 
 
@@ -100,6 +106,17 @@ class KnobUnsupported(PolltunedError):
 class JournalError(PolltunedError):
     code = "journal-corrupt"
     exit_code = ExitCode.JOURNAL
+
+
+class JournalUnreadable(JournalError):
+    """The journal (or its state directory) could not be read or written: an I/O error, not damage."""
+
+    code = "journal-unreadable"
+
+
+class JournalCopiesDisagree(JournalError):
+    """The journal and the baseline copy give different originals for the same knob: reported,
+    never resolved by polltuned (nothing is written until one of them is moved aside)."""
 
 
 class ProbeError(PolltunedError):

@@ -23,12 +23,31 @@ Record types (v1):
 
 Damage rules: a torn *last* line (no trailing newline: crash or power loss mid-write, or a file
 truncated at any byte) is ignored and cut off before the next append. Anything else that does not
-parse, fails its CRC, breaks the ``seq`` chain or comes from a newer format raises JournalError
-before any knob is written.
+parse, fails its CRC, breaks the ``seq`` chain, comes from a newer format, or records a write
+(intent/applied/...) of a knob whose baseline record is missing raises JournalError before any
+knob is written.
+
+The baseline copy (``STATE_DIR/journal.baselines.json``): a second, independent copy of the open
+epoch's baselines, ``{"v": 1, "epoch": N, "open": bool, "baselines": [{key, state, value, kind}],
+"crc": ...}``, replaced atomically (fsync'd temporary file, rename, directory fsync) after the
+journal's baseline records and before the first write of a knob. Order of durability: journal
+record, then copy, then the write; the copy is closed after the journal's ``clean`` record and
+rewritten before a compaction. So in every crash state the copy lists a subset of the journal's
+baselines, and at load (:func:`cross_check`):
+
+* copy keys the journal has no baseline for -> the journal lost records (emptied, head lost, cut
+  inside a baseline): JournalError; ``polltuned rollback`` restores from the copy
+  (:func:`recovery_state`);
+* the same key with a different baseline in each -> JournalCopiesDisagree: reported, nothing
+  written, never resolved by polltuned (move aside the copy you distrust);
+* a stale copy (a crash between the journal record and the copy, or a damaged copy file while the
+  journal is intact) -> a note (``JournalState.copy_note``); the next locked change rewrites it.
+A missing copy (journals written before it existed) means the journal alone is trusted.
 """
 
 from __future__ import annotations
 
+import errno as errno_mod
 import fcntl
 import json
 import os
@@ -40,18 +59,34 @@ from pathlib import Path
 from typing import Any
 
 from polltuned.clock import Clock
-from polltuned.errors import JournalError, LockedError
+from polltuned.errors import JournalCopiesDisagree, JournalError, JournalUnreadable, LockedError, PermissionNeeded
 from polltuned.knobs.base import JsonValue
 from polltuned.records import KnobValue
 
 JOURNAL_VERSION = 1
 JOURNAL_NAME = "journal.jsonl"
+#: the second, independent copy of the open epoch's baselines (see module doc)
+COPY_NAME = "journal.baselines.json"
+COPY_VERSION = 1
+#: a damaged journal set aside after a recovery from the copy: journal.jsonl.damaged-N
+DAMAGED_PREFIX = JOURNAL_NAME + ".damaged-"
 #: compact (checkpoint) the journal when it grows beyond this many bytes
 COMPACT_BYTES = 256 * 1024
 LOCK_NAME = "journal.lock"
 
 RECORD_TYPES = frozenset({"epoch", "txn", "baseline", "intent", "applied", "undone", "observed",
                           "released", "restored", "gone", "txn-end", "clean"})
+#: record types that name a knob and so need its baseline earlier in the open epoch
+KEY_RECORDS = frozenset({"intent", "applied", "undone", "observed", "released", "restored", "gone"})
+
+
+def os_failure(path: Path | str, action: str, e: OSError) -> JournalError | PermissionNeeded:
+    """One-line error for an OSError on a state file: permission (exit 5) or unreadable (exit 7)."""
+    why = e.strerror or os.strerror(e.errno or 0)
+    if e.errno in (errno_mod.EACCES, errno_mod.EPERM):
+        return PermissionNeeded(f"{path}: cannot {action}: {why}",
+                                hint="the journal belongs to root: run polltuned as root (sudo)")
+    return JournalUnreadable(f"{path}: cannot {action}: {why}")
 
 
 def _canonical(rec: Mapping[str, Any]) -> str:
@@ -111,6 +146,30 @@ def parse_journal(data: bytes, source: str = JOURNAL_NAME) -> ParsedJournal:
     return ParsedJournal(tuple(records), pos, 0)
 
 
+def salvage_records(data: bytes) -> list[dict[str, Any]]:
+    """Pure: every complete line of a damaged journal that is still an intact record (valid JSON
+    object, CRC, known version and type), in file order; the ``seq`` chain is not required."""
+    out: list[dict[str, Any]] = []
+    for raw in data.split(b"\n")[:-1]:  # the part after the last newline is a torn tail
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            continue
+        if not isinstance(rec, dict):
+            continue
+        body = {k: v for k, v in rec.items() if k != "crc"}
+        try:
+            want = format(zlib.crc32(_canonical(body).encode()) & 0xFFFFFFFF, "08x")
+        except ValueError:  # NaN/inf smuggled in: not something we wrote
+            continue
+        v = rec.get("v")
+        if rec.get("crc") != want or not isinstance(v, int) or not 1 <= v <= JOURNAL_VERSION \
+                or rec.get("type") not in RECORD_TYPES:
+            continue
+        out.append(rec)
+    return out
+
+
 @dataclass
 class KnobHistory:
     """Replayed state of one knob in the open epoch."""
@@ -120,11 +179,13 @@ class KnobHistory:
     baseline_state: JsonValue
     baseline_value: KnobValue | None
     last_value: KnobValue | None     # last value polltuned knows it left there (settled)
-    settled: bool = True             # False between an intent and its applied/undone
+    settled: bool = True             # False between an intent and its applied/undone (or: unknown)
     released: bool = False
     restored: bool = False
     gone: bool = False
     released_live: KnobValue | None = None
+    written: bool = False            # an intent was journaled for it in this epoch
+    kind: str = ""                   # the knob class (sysctl, netdev, ...) from its baseline record
 
 
 @dataclass
@@ -134,12 +195,42 @@ class JournalState:
     knobs: dict[str, KnobHistory] = field(default_factory=dict)
     last_txn: int = 0
     unfinished_txn: int | None = None
+    closed_epochs: set[int] = field(default_factory=set)
+    #: the baseline copy's epoch (0: no copy); new epochs are numbered above both
+    copy_epoch: int = 0
+    #: a stale or damaged baseline copy while the journal itself is intact ("" = consistent)
+    copy_note: str = ""
 
 
-def replay(records: tuple[dict[str, Any], ...]) -> JournalState:
-    """Pure: fold journal records into the state of the latest epoch."""
+def _fold(h: KnobHistory, r: Mapping[str, Any]) -> None:
+    """One knob record applied to its history (shared by replay and recovery)."""
+    t = r["type"]
+    if t == "intent":
+        h.settled = False
+        h.restored = False
+        h.written = True
+    elif t in ("applied", "undone", "observed"):
+        h.settled = True
+        h.last_value = r.get("value")
+        if t == "applied":
+            h.restored = False
+            h.written = True
+    elif t == "released":
+        h.released = True
+        h.released_live = r.get("live")
+    elif t == "restored":
+        h.restored = True
+        h.settled = True
+        h.last_value = h.baseline_value
+    elif t == "gone":
+        h.gone = True
+
+
+def replay(records: tuple[dict[str, Any], ...], source: str = JOURNAL_NAME) -> JournalState:
+    """Pure: fold journal records into the state of the latest epoch. A knob record (intent,
+    applied, ...) whose baseline is not earlier in the open epoch is damage: JournalError."""
     st = JournalState()
-    for r in records:
+    for i, r in enumerate(records):
         t = r["type"]
         key = r.get("key")
         h = st.knobs.get(key) if isinstance(key, str) else None
@@ -150,6 +241,7 @@ def replay(records: tuple[dict[str, Any], ...]) -> JournalState:
         elif t == "clean":
             st.open = False
             st.knobs = {}
+            st.closed_epochs.add(int(r.get("epoch", st.epoch)))
         elif t == "txn":
             st.last_txn = max(st.last_txn, int(r.get("txn", 0)))
             st.unfinished_txn = int(r.get("txn", 0))
@@ -158,26 +250,192 @@ def replay(records: tuple[dict[str, Any], ...]) -> JournalState:
         elif t == "baseline" and isinstance(key, str):
             if key not in st.knobs:
                 v = r.get("value")
-                st.knobs[key] = KnobHistory(key, len(st.knobs), r.get("state"), v, v)
-        elif h is None:
+                st.knobs[key] = KnobHistory(key, len(st.knobs), r.get("state"), v, v, kind=str(r.get("kind") or ""))
+        elif t in KEY_RECORDS and (h is None or not st.open):
+            raise JournalError(f"{source}: record {r.get('seq', i + 1)}: {t} of {key!r} without its baseline "
+                               "record (records missing: journal corrupted)",
+                               hint="`polltuned rollback` restores from the baseline copy when there is one")
+        elif h is not None:
+            _fold(h, r)
+    return st
+
+
+# -- the baseline copy --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CopyEntry:
+    key: str
+    state: JsonValue
+    value: KnobValue | None
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class BaselineCopy:
+    """The second copy of the open epoch's baselines (see module doc)."""
+
+    epoch: int
+    open: bool
+    entries: tuple[CopyEntry, ...] = ()
+
+    def key_list(self) -> list[str]:
+        return [e.key for e in self.entries]
+
+
+def encode_copy(c: BaselineCopy) -> bytes:
+    return encode_record({"v": COPY_VERSION, "epoch": c.epoch, "open": c.open,
+                          "baselines": [{"key": e.key, "state": e.state, "value": e.value, "kind": e.kind}
+                                        for e in c.entries]})
+
+
+def parse_copy(data: bytes, source: str = COPY_NAME) -> BaselineCopy:
+    """Pure: decode and check the baseline copy. Raises JournalError when it is damaged."""
+    def bad(why: str) -> JournalError:
+        return JournalError(f"{source}: {why} (baseline copy damaged)")
+
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise bad("not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise bad("not a JSON object")
+    body = {k: v for k, v in doc.items() if k != "crc"}
+    want = format(zlib.crc32(_canonical(body).encode()) & 0xFFFFFFFF, "08x")
+    if doc.get("crc") != want:
+        raise bad(f"checksum mismatch (crc {doc.get('crc')!r}, computed {want})")
+    v = doc.get("v")
+    if not isinstance(v, int) or v < 1:
+        raise bad(f"missing or bad format version {v!r}")
+    if v > COPY_VERSION:
+        raise JournalError(f"{source}: written by a newer polltuned (format v{v}, this reads v{COPY_VERSION})")
+    epoch, is_open, rows = doc.get("epoch"), doc.get("open"), doc.get("baselines")
+    if not isinstance(epoch, int) or not isinstance(is_open, bool) or not isinstance(rows, list):
+        raise bad("epoch/open/baselines missing")
+    entries = []
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("key"), str):
+            raise bad(f"bad baseline entry {row!r}")
+        entries.append(CopyEntry(row["key"], row.get("state"), row.get("value"), str(row.get("kind") or "")))
+    return BaselineCopy(epoch, is_open, tuple(entries))
+
+
+def copy_of(st: JournalState) -> BaselineCopy:
+    """What the copy must hold for this journal state."""
+    epoch = max(st.epoch, st.copy_epoch)
+    if not st.open:
+        return BaselineCopy(epoch, False, ())
+    hs = sorted(st.knobs.values(), key=lambda h: h.order)
+    return BaselineCopy(st.epoch, True, tuple(CopyEntry(h.key, h.baseline_state, h.baseline_value, h.kind)
+                                              for h in hs))
+
+
+def _same_json(a: object, b: object) -> bool:
+    try:
+        return _canonical({"x": a}) == _canonical({"x": b})
+    except (TypeError, ValueError):
+        return a == b
+
+
+def cross_check(st: JournalState, copy: BaselineCopy | None, *, source: str = JOURNAL_NAME,
+                copy_source: str = COPY_NAME) -> None:
+    """Pure: compare an intact journal's state with the baseline copy (module doc). Sets
+    ``st.copy_epoch``/``st.copy_note``; raises JournalError when the journal lost records and
+    JournalCopiesDisagree when the two give different originals."""
+    if copy is None:
+        return
+    st.copy_epoch = copy.epoch
+    written_not_in_copy = [h.key for h in st.knobs.values() if h.written and
+                           (not copy.open or copy.epoch != st.epoch or h.key not in copy.key_list())]
+    stale = (f"baseline copy {copy_source} lacks {', '.join(written_not_in_copy)} (stale copy; the journal "
+             "is intact and is used; rewritten at the next change)") if st.open and written_not_in_copy else ""
+    if not copy.open or not copy.entries:
+        st.copy_note = stale
+        return
+    if copy.epoch in st.closed_epochs or st.epoch > copy.epoch:
+        # the journal closed the copy's epoch (and maybe opened another): the copy was not updated yet
+        st.copy_note = stale
+        return
+    if st.epoch < copy.epoch or not st.open:
+        lost = ", ".join(copy.key_list())
+        raise JournalError(f"{source}: has no baseline records for epoch {copy.epoch} (baseline copy "
+                           f"{copy_source} lists {lost}): journal emptied or truncated (journal corrupted)",
+                           hint="`polltuned rollback` restores those knobs from the baseline copy")
+    missing = [e.key for e in copy.entries if e.key not in st.knobs]
+    if missing:
+        raise JournalError(f"{source}: baseline records of {', '.join(missing)} missing (the baseline copy "
+                           f"{copy_source} has them): journal truncated (journal corrupted)",
+                           hint="`polltuned rollback` restores those knobs from the baseline copy")
+    differ = [(e, st.knobs[e.key]) for e in copy.entries
+              if not (_same_json(e.state, st.knobs[e.key].baseline_state)
+                      and _same_json(e.value, st.knobs[e.key].baseline_value))]
+    if differ:
+        e, h = differ[0]
+        more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+        raise JournalCopiesDisagree(
+            f"{e.key}: the journal and the baseline copy disagree on the original value "
+            f"(journal {h.baseline_value!r} {_canonical({'s': h.baseline_state})[5:-1]}, "
+            f"copy {e.value!r} {_canonical({'s': e.state})[5:-1]}){more}; nothing was written",
+            hint=f"decide which is right and move the other aside ({source} or {copy_source})")
+    st.copy_note = stale
+
+
+def _writes_after_last_marker(salvaged: list[dict[str, Any]]) -> bool:
+    tail = salvaged
+    for i, r in enumerate(salvaged):
+        if r["type"] in ("epoch", "clean"):
+            tail = salvaged[i + 1:]
+    return any(r["type"] in ("intent", "applied") for r in tail)
+
+
+def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> JournalState:
+    """Pure: the open epoch of a damaged journal, rebuilt for a rollback. Baselines come from the
+    copy (plus intact baseline records of knobs it lacks that intact records show written). Every
+    knob is *unknown* (unsettled), so rollback restores it: records were lost, so a surviving
+    "applied" is not known to be the last write and cannot tell an admin's value from polltuned's.
+    Only explicit decisions that survive are kept: ``released`` (admin wins, never written again)
+    and ``gone``. A surviving ``clean`` for the copy's epoch means nothing is left to restore.
+    Raises JournalCopiesDisagree when a surviving baseline record differs from the copy."""
+    start, closed_to = 0, -1
+    for i, r in enumerate(salvaged):
+        if r["type"] in ("epoch", "clean"):
+            start = i + 1
+            closed_to = int(r.get("epoch", 0)) if r["type"] == "clean" else -1
+    st = JournalState(epoch=copy.epoch, open=copy.open, copy_epoch=copy.epoch)
+    if not copy.open or closed_to >= copy.epoch:
+        st.open = False
+        st.closed_epochs.add(copy.epoch)
+        return st
+    by_key = {e.key: e for e in copy.entries}
+    extra: dict[str, KnobHistory] = {}
+    for e in copy.entries:
+        st.knobs[e.key] = KnobHistory(e.key, len(st.knobs), e.state, e.value, None, settled=False, kind=e.kind)
+    for r in salvaged[start:]:
+        t, key = r["type"], r.get("key")
+        if t == "txn":
+            st.last_txn = max(st.last_txn, int(r.get("txn", 0)))
+        if not isinstance(key, str):
             continue
-        elif t == "intent":
-            h.settled = False
-            h.restored = False
-        elif t in ("applied", "undone", "observed"):
-            h.settled = True
-            h.last_value = r.get("value")
-            if t == "applied":
-                h.restored = False
-        elif t == "released":
-            h.released = True
-            h.released_live = r.get("live")
-        elif t == "restored":
-            h.restored = True
-            h.settled = True
-            h.last_value = h.baseline_value
-        elif t == "gone":
-            h.gone = True
+        if t == "baseline":
+            ce = by_key.get(key)
+            if ce is not None and not (_same_json(ce.state, r.get("state")) and _same_json(ce.value, r.get("value"))):
+                raise JournalCopiesDisagree(
+                    f"{key}: an intact journal record and the baseline copy disagree on the original value "
+                    f"(journal {r.get('value')!r}, copy {ce.value!r}); nothing was written",
+                    hint="decide which is right and move the other aside")
+            if key not in st.knobs and key not in extra:
+                extra[key] = KnobHistory(key, 0, r.get("state"), r.get("value"), None, settled=False,
+                                         kind=str(r.get("kind") or ""))
+        elif key in extra and t in ("intent", "applied"):
+            # a knob the copy lacks (a stale copy) that intact records show written: restore it too;
+            # without a write it is the crash window between its baseline record and the copy
+            h = extra.pop(key)
+            h.order = len(st.knobs)
+            st.knobs[key] = h
+        elif key in st.knobs and t == "released":
+            st.knobs[key].released = True
+            st.knobs[key].released_live = r.get("live")
+        elif key in st.knobs and t == "gone":
+            st.knobs[key].gone = True
     return st
 
 
@@ -187,26 +445,77 @@ class Journal:
     def __init__(self, state_dir: Path | str, *, clock: Clock) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / JOURNAL_NAME
+        self.copy_path = self.dir / COPY_NAME
         self.clock = clock
         self._seq: int | None = None
         self._fd: int | None = None
         self._lock_fd: int | None = None
 
     # -- reading ---------------------------------------------------------------------------
-    def load(self) -> ParsedJournal:
+    def _read(self, path: Path) -> bytes | None:
         try:
-            data = self.path.read_bytes()
+            return path.read_bytes()
         except FileNotFoundError:
-            return ParsedJournal((), 0, 0)
+            return None
         except OSError as e:
-            raise JournalError(f"{self.path}: cannot read: {e.strerror}") from e
+            raise os_failure(path, "read", e) from e
+
+    def load(self) -> ParsedJournal:
+        data = self._read(self.path)
+        if data is None:
+            return ParsedJournal((), 0, 0)
         return parse_journal(data, str(self.path))
 
     def records(self) -> tuple[dict[str, Any], ...]:
         return self.load().records
 
+    def load_copy(self) -> BaselineCopy | None:
+        """The baseline copy, None when there is none. Raises JournalError when it is damaged."""
+        data = self._read(self.copy_path)
+        return None if data is None else parse_copy(data, str(self.copy_path))
+
     def state(self) -> JournalState:
-        return replay(self.records())
+        """The replayed journal, checked against the baseline copy. Raises JournalError (exit 7)
+        when the journal is damaged, lost records the copy has, or disagrees with the copy."""
+        # the copy first: the writer updates the journal before the copy, so a copy read earlier
+        # never lists a baseline the journal (read later) lacks unless records were really lost
+        try:
+            copy, copy_problem = self.load_copy(), ""
+        except JournalError as e:
+            copy, copy_problem = None, e.message
+        st = replay(self.records(), str(self.path))
+        if copy_problem:
+            st.copy_note = f"{copy_problem}; the journal is intact and is used; rewritten at the next change"
+            return st
+        cross_check(st, copy, source=str(self.path), copy_source=str(self.copy_path))
+        return st
+
+    def next_epoch(self, st: JournalState) -> int:
+        """Epoch numbers grow across compactions (the copy remembers the last one)."""
+        return max(st.epoch, st.copy_epoch) + 1
+
+    def recovery(self, damage: JournalError) -> JournalState:
+        """The open epoch of a damaged journal rebuilt from the baseline copy plus the journal's
+        intact records (:func:`recovery_state`). A closed copy means no knob was written since the
+        journal's last clean record (the copy is opened before any write): nothing to restore.
+        Re-raises ``damage`` (hint adjusted) when the copy cannot help: copies that disagree, no
+        copy, a damaged copy, or a closed copy contradicted by intact write records."""
+        if isinstance(damage, JournalCopiesDisagree):
+            raise damage
+        try:
+            copy = self.load_copy()
+        except JournalError as e:
+            raise JournalError(f"{damage.message}; the baseline copy is damaged too: {e.message}",
+                               hint="nothing was written; restore the knobs by hand") from None
+        if copy is None:
+            raise JournalError(damage.message,
+                               hint="nothing was written; there is no baseline copy to restore from; "
+                                    "inspect or move the journal aside") from None
+        salvaged = salvage_records(self._read(self.path) or b"")
+        if not copy.open and _writes_after_last_marker(salvaged):
+            raise JournalError(f"{damage.message}; the baseline copy {self.copy_path} is closed but intact "
+                               "journal records show writes", hint="nothing was written; restore the knobs by hand")
+        return recovery_state(copy, salvaged)
 
     # -- locking ---------------------------------------------------------------------------
     @contextmanager
@@ -216,7 +525,10 @@ class Journal:
             yield
             return
         self._ensure_dir()
-        fd = os.open(self.dir / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fd = os.open(self.dir / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError as e:
+            raise os_failure(self.dir / LOCK_NAME, "open the lock", e) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -238,7 +550,7 @@ class Journal:
             try:
                 self.dir.mkdir(parents=True, mode=0o700, exist_ok=True)
             except OSError as e:
-                raise JournalError(f"{self.dir}: cannot create state directory: {e.strerror}") from e
+                raise os_failure(self.dir, "create the state directory", e) from e
 
     def _open_for_append(self) -> int:
         if self._fd is not None:
@@ -246,19 +558,19 @@ class Journal:
         self._ensure_dir()
         parsed = self.load()
         created = not self.path.exists()
+        if created and not self.copy_path.exists():
+            # a new journal always has a copy: then "no copy" can only mean an older polltuned (or
+            # a deleted file), and a damaged journal next to a closed copy provably left nothing
+            self.write_copy(BaselineCopy(0, False))
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as e:
-            raise JournalError(f"{self.path}: cannot open for append: {e.strerror}") from e
+            raise os_failure(self.path, "open for append", e) from e
         if parsed.torn_bytes:
             os.ftruncate(fd, parsed.good_bytes)  # repair the torn tail before appending
             os.fsync(fd)
         if created:
-            dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            self._fsync_dir()
         self._seq = len(parsed.records)
         self._fd = fd
         return fd
@@ -284,6 +596,61 @@ class Journal:
         self._seq += 1
         return rec
 
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def write_copy(self, copy: BaselineCopy) -> None:
+        """Replace the baseline copy atomically and durably (temporary file, fsync, rename, dir fsync)."""
+        self._ensure_dir()
+        tmp = self.dir / f".{COPY_NAME}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                data = encode_copy(copy)
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno_mod.EIO, "short write")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.copy_path)
+            self._fsync_dir()
+        except OSError as e:
+            raise os_failure(self.copy_path, "write", e) from e
+
+    def sync_copy(self, st: JournalState | None = None) -> bool:
+        """Make the copy match the journal (call with the lock held, before the first write of a
+        knob). Returns True when it was rewritten."""
+        st = self.state() if st is None else st
+        want = copy_of(st)
+        try:
+            have = self.load_copy()
+        except JournalError:
+            have = None
+        if have == want or (have is None and want == BaselineCopy(0, False)):
+            return False  # nothing ever journaled: no file to create
+        self.write_copy(want)
+        return True
+
+    def set_aside(self) -> Path | None:
+        """Rename a damaged journal to journal.jsonl.damaged-N (kept for inspection); None if absent."""
+        self.close()
+        if not self.path.exists():
+            return None
+        n = 1
+        while (self.dir / f"{DAMAGED_PREFIX}{n}").exists():
+            n += 1
+        dest = self.dir / f"{DAMAGED_PREFIX}{n}"
+        try:
+            os.replace(self.path, dest)
+            self._fsync_dir()
+        except OSError as e:
+            raise os_failure(self.path, "move aside", e) from e
+        return dest
+
     def size(self) -> int:
         try:
             return self.path.stat().st_size
@@ -294,8 +661,11 @@ class Journal:
         """Checkpoint: rewrite the journal as the minimal records that replay to the same state
         (epoch, baselines in first-touch order, each knob's latest status), via a fsync'd temporary
         file renamed over the journal (atomic: a crash leaves either the old or the new file).
-        A clean journal is simply emptied. Call with the lock held. Returns True when rewritten."""
+        A clean journal is simply emptied. The baseline copy is brought up to date first (it depends
+        only on the replayed state, which compaction keeps). Call with the lock held. Returns True
+        when rewritten."""
         st = self.state()
+        self.sync_copy(st)
         now = round(self.clock.wall(), 6)
         recs: list[dict[str, Any]] = []
 
@@ -307,7 +677,7 @@ class Journal:
             add("txn", txn=st.last_txn, reason="checkpoint", keys=[])
             hs = sorted(st.knobs.values(), key=lambda h: h.order)
             for h in hs:
-                add("baseline", key=h.key, state=h.baseline_state, value=h.baseline_value)
+                add("baseline", key=h.key, state=h.baseline_state, value=h.baseline_value, kind=h.kind)
             for h in hs:
                 if not h.settled:
                     add("intent", key=h.key, value=None, txn=st.last_txn)
@@ -329,11 +699,7 @@ class Journal:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        self._fsync_dir()
         return True
 
     def close(self) -> None:

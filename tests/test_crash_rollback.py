@@ -2,6 +2,9 @@
 between the fsync'd intent record and the write), then rollback -> every knob equals its
 original. Then truncate the journal at random byte offsets -> rollback never writes a wrong value.
 
+Then lose the journal's head (or all of it): rollback restores every original from the baseline
+copy (journal.baselines.json).
+
 Most kills are in-process (os.fork + SIGKILL, ~10 ms each); 20 are real `polltuned apply`
 subprocesses stopped by POLLTUNED_TEST_PAUSE_AFTER and killed with SIGKILL.
 """
@@ -21,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.actuator import PAUSE_ENV, Actuator
+from polltuned.actuator import PAUSE_ENV, Actuator, JournalRecovered
 from polltuned.clock import FakeClock
 from polltuned.errors import JournalError
 from polltuned.host.fs import FsHost
-from polltuned.journal import JOURNAL_NAME, Journal
+from polltuned.journal import COPY_NAME, JOURNAL_NAME, Journal
 from polltuned.knobs.registry import KnobRegistry
 from tests.test_knobs_faketree import make_tree, tree_values
 
@@ -212,8 +215,11 @@ def test_truncated_journal_never_causes_a_wrong_write(fast_dir: Path) -> None:
     assert wrong == 0
 
 
-def test_corrupted_middle_record_is_refused_without_writing(tmp_path: Path) -> None:
+def test_corrupted_middle_record_restores_from_the_copy(tmp_path: Path) -> None:
+    """A baseline record silently altered: the journal is refused (CRC), nothing is written from it;
+    the originals come from the baseline copy, and the damage is still an error."""
     root = make_tree(tmp_path / "root")
+    originals = tree_values(root)
     state = tmp_path / "st"
     act = actuator(root, state)
     act.apply({"net.core.busy_poll": 50, "net.core.busy_read": 50, "eth0:gro_flush_timeout": 20000})
@@ -222,11 +228,101 @@ def test_corrupted_middle_record_is_refused_without_writing(tmp_path: Path) -> N
     lines = data.split(b"\n")
     lines[3] = lines[3].replace(b'"value":0', b'"value":9')  # a baseline silently altered
     (state / JOURNAL_NAME).write_bytes(b"\n".join(lines))
-    with pytest.raises(JournalError, match="checksum mismatch"):
-        actuator(root, state).rollback()
     with pytest.raises(JournalError):
         actuator(root, state).apply({"net.core.busy_poll": 10})
     assert tree_values(root) == before
+    with pytest.raises(JournalRecovered, match=r"checksum mismatch.*rolled back from the baseline copy"):
+        actuator(root, state).rollback()
+    assert tree_values(root) == originals
+
+
+def _cut_head(full: bytes, rng: random.Random) -> bytes:
+    """Lose the journal's head: at a random byte, at a record boundary, or everything."""
+    r = rng.random()
+    if r < 0.1:
+        return b""
+    if r < 0.5:
+        starts = [i + 1 for i, b in enumerate(full) if b == 0x0A][:-1]
+        return full[rng.choice(starts):] if starts else b""
+    return full[rng.randint(1, len(full) - 1):]
+
+
+@pytest.mark.slow
+def test_head_loss_never_loses_an_original(fast_dir: Path) -> None:
+    """The journal loses its head (or everything) after applies — some SIGKILLed mid-way, exactly
+    after a fsync'd record — while the host carries polltuned values: rollback restores every
+    original from the baseline copy (and says the journal was damaged)."""
+    rng = random.Random(424242)
+    root = make_tree(fast_dir / "root")
+    originals = tree_values(root)
+    recovered = losses = killed = 0
+    for i in range(120):
+        state = fast_dir / f"h{i}"
+        plan = [random_assignment(rng) for _ in range(rng.randint(1, 3))]
+        if i % 3 == 0:
+            n_steps = sum(len(a) for a in plan)
+            killed += kill_in_child(root, state, plan, f"{rng.choice(['baseline', 'intent', 'write'])}:"
+                                                       f"{rng.randint(1, n_steps)}", None)
+        else:
+            act = actuator(root, state)
+            for a in plan:
+                act.apply(a, reason="head-loss")
+        jp = state / JOURNAL_NAME
+        if not jp.exists():
+            continue
+        jp.write_bytes(_cut_head(jp.read_bytes(), rng))
+        try:
+            rep = actuator(root, state).rollback()
+            assert rep.ok
+        except JournalRecovered as e:
+            assert e.report.ok, e.report
+            recovered += 1
+        now = tree_values(root)
+        lost = {k: (originals[k], now[k]) for k in originals if now[k] != originals[k]}
+        losses += bool(lost)
+        assert not lost, f"iteration {i}: {lost} plan={plan}"
+        assert not actuator(root, state).is_dirty()
+        shutil.rmtree(state)
+    print(f"head loss: 120 journals cut ({killed} after a SIGKILL mid-apply), {recovered} restored "
+          f"from the baseline copy, {losses} lost originals")
+    assert losses == 0 and recovered >= 60
+
+
+@pytest.mark.slow
+def test_truncated_journal_with_the_copy_restores_or_never_writes_wrong(fast_dir: Path) -> None:
+    """Cut at any byte with the copy next to it: a cut that removed baselines the copy has is
+    damage and is restored from the copy; any other cut replays as before: never a wrong value."""
+    rng = random.Random(77)
+    root = make_tree(fast_dir / "root")
+    originals = tree_values(root)
+    state = fast_dir / "st"
+    act = actuator(root, state)
+    for a in [random_assignment(rng) for _ in range(3)]:
+        act.apply(a)
+    applied = tree_values(root)
+    full = (state / JOURNAL_NAME).read_bytes()
+    copy = (state / COPY_NAME).read_bytes()
+    wrong = from_copy = 0
+    for i in range(120):
+        cut = rng.randint(0, len(full))
+        for rel, text in applied.items():
+            if (root / rel).read_text() != text:
+                (root / rel).write_text(text)
+        st = fast_dir / f"t{i}"
+        st.mkdir()
+        (st / JOURNAL_NAME).write_bytes(full[:cut])
+        (st / COPY_NAME).write_bytes(copy)
+        try:
+            assert actuator(root, st).rollback().ok
+        except JournalRecovered as e:
+            assert e.report.ok
+            from_copy += 1
+            assert tree_values(root) == originals, cut
+        now = tree_values(root)
+        wrong += sum(now[rel] not in (originals[rel], applied[rel]) for rel in originals)
+        shutil.rmtree(st)
+    print(f"tail cuts with the copy: {from_copy} of 120 restored from the copy, {wrong} wrong values")
+    assert wrong == 0 and from_copy > 0
 
 
 @pytest.mark.slow

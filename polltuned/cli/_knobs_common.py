@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 from polltuned.actuator import Actuator
 from polltuned.clock import SystemClock
@@ -27,18 +29,33 @@ def app_cpus(args: argparse.Namespace) -> list[int]:
         raise UsageError(f"--app-cpus: {text!r} is not a CPU list (e.g. 0-1,4)") from None
 
 
+def make_host(args: argparse.Namespace) -> FsHost:
+    """The host of ``--host-root``, refused unless it is a /proc + /sys tree: a typo must not make
+    every knob look vanished (rollback would record them "gone" and forget their originals)."""
+    root = Path(args.host_root)
+    if not root.is_dir():
+        raise UsageError(f"--host-root {args.host_root}: no such directory")
+    if root.resolve() != Path("/") and not ((root / "proc").is_dir() or (root / "sys").is_dir()):
+        raise UsageError(f"--host-root {args.host_root}: neither proc/ nor sys/ in it: not a /proc + /sys tree")
+    return FsHost(root)
+
+
 def build_actuator(args: argparse.Namespace) -> Actuator:
-    host = FsHost(args.host_root)
+    host = make_host(args)
     cpus = app_cpus(args)
     clock = SystemClock()
     return Actuator(host, Journal(args.state_dir, clock=clock), registry=KnobRegistry(host, app_cpus=cpus),
                     app_cpus=cpus, clock=clock)
 
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
+
+
 def parse_assignment_value(text: str) -> KnobValue:
-    """CLI value: an integer when it looks like one, else the string (strategy names)."""
+    """CLI value: an integer when it is ASCII decimal digits (not ``²`` or ``٣``), else the string
+    (strategy names; the knob's validation refuses what it cannot take)."""
     t = text.strip()
-    if t.lstrip("+-").isdigit():
+    if _ASCII_INT.fullmatch(t):
         return int(t)
     return t
 

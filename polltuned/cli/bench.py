@@ -15,11 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from polltuned.cli._types import SEED, finite_float, int_range
 from polltuned.clock import SystemClock
 from polltuned.errors import LockedError, PermissionNeeded, UsageError
 from polltuned.host.fs import FsHost
-
-HELP = "tune this host on the embedded netns+veth+sockperf world, then compare defaults/static/deployed"
 
 LOCK = "/tmp/polltuned-realkernel.lock"
 
@@ -30,11 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="single", choices=list(WORKLOADS),
                    help="single (default), parallel, shared-cpu, cpu-hog")
     p.add_argument("--policy", default="bench", metavar="NAME|FILE", help="policy (default: the shipped 'bench')")
-    p.add_argument("--budget", type=int, metavar="N", help="search windows (default: the policy's)")
-    p.add_argument("--window", type=float, metavar="S", help="seconds per window (default: the policy's)")
-    p.add_argument("--rounds", type=int, default=3, metavar="N",
-                   help="interleaved rounds of the final default/static/deployed comparison (default 3)")
-    p.add_argument("--seed", type=int, help="optimiser seed (default: the policy's)")
+    p.add_argument("--budget", type=int_range(3, 10_000), metavar="N",
+                   help="search windows, 3..10000 (default: the policy's)")
+    p.add_argument("--window", type=finite_float(0, 3600), metavar="S",
+                   help="seconds per window, > 0 and <= 3600 (default: the policy's)")
+    p.add_argument("--rounds", type=int_range(1, 100), default=3, metavar="N",
+                   help="interleaved rounds of the final default/static/deployed comparison, 1..100 (default 3)")
+    p.add_argument("--seed", type=SEED, metavar="N", help="optimiser seed, 0..2^32-1 (default: the policy's)")
     p.add_argument("--record", metavar="FILE", help="append every window as JSON lines (replay input)")
     p.add_argument("--report", metavar="PNG", help="draw the trials report to this file")
     p.add_argument("--json", action="store_true", help="print the result as one JSON document")

@@ -9,16 +9,14 @@ import argparse
 import json
 from typing import Any
 
-from polltuned.cli._knobs_common import add_app_cpus, app_cpus
+from polltuned.cli._knobs_common import add_app_cpus, app_cpus, make_host
 from polltuned.errors import ExitCode, HostError, PolltunedError
-from polltuned.host.fs import FsHost, Host
+from polltuned.host.fs import Host
 from polltuned.knobs.base import Knob
 from polltuned.knobs.owners import detect_owners
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.knobs.sysctl import SYSCTLS
 from polltuned.knobs.vhost import VMM_OWNED_NOTE, vhost_threads
-
-HELP = "list every knob on this host (present, writable, value, domain, reason) and other owners"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check this policy against this host instead of listing all knobs: knobs tuned and "
                         "dropped here, one probe window; exit 0 ready, 2 needs editing (each line says what), "
                         "4 no knob of it exists here")
-    p.add_argument("--nic", default=None, help="the NIC (for {nic} in a policy, or to limit the listing)")
+    p.add_argument("--nic", default=None, metavar="DEV",
+                   help="the NIC (for {nic} in a policy, or to limit the listing)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-probe", action="store_true",
                    help="with POLICY: skip the probe window (knobs and what the probe can give by design only)")
@@ -95,7 +94,7 @@ def host_report(host: Host, reg: KnobRegistry, devices: list[str] | None) -> dic
 
 
 def run(args: argparse.Namespace) -> int:
-    host = FsHost(args.host_root)
+    host = make_host(args)
     if args.policy is not None:
         from polltuned.cli.check_policy import check_policy
 

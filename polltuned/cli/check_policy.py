@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polltuned.cli._knobs_common import app_cpus
-from polltuned.errors import ExitCode, HostError, PolltunedError
+from polltuned.errors import ExitCode, HostError, PolltunedError, UsageError
 from polltuned.host.fs import Host
 from polltuned.knobs.compat import APP_STRATEGIES, Compat, detect
 from polltuned.knobs.registry import KnobRegistry
@@ -194,7 +194,7 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
                           "needs_editing": edits,
                           "probe": {"kind": pol.probe.kind, "window_s": None if window is None else seconds,
                                     "inputs": inputs}}, indent=2))
-        return int(ExitCode.USAGE if edits else ExitCode.OK)
+        return _verdict(file, edits)
     print(f"policy {pol.name!r} ({file}), kernel {release or '?'}: {len(compat.policy.knobs)} of {len(pol.knobs)} "
           f"knobs tuned here: {', '.join(compat.policy.knobs)}")
     for key, why in dropped.items():
@@ -213,4 +213,12 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
     if not edits:
         print(f"policy {pol.name!r} is ready on this host"
               + (f"; {len(dropped)} knob(s) dropped (listed above)" if dropped else ""))
-    return int(ExitCode.USAGE if edits else ExitCode.OK)
+    return _verdict(file, edits)
+
+
+def _verdict(file: str, edits: list[str]) -> int:
+    """Exit 0 when ready; otherwise the one error line every failing command prints (exit 2)."""
+    if edits:
+        raise UsageError(f"{file}: needs editing before it can work on this host ({len(edits)} thing(s), "
+                         "listed above)", code="policy-needs-editing")
+    return int(ExitCode.OK)

@@ -9,16 +9,16 @@ from typing import Any
 
 from polltuned.errors import ExitCode, UsageError
 
-HELP = "list the measurement windows and trials recorded for a policy"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", help="policy name or file (default: the config's policy)")
-    p.add_argument("--config", default="/etc/polltuned/polltuned.toml", metavar="FILE")
-    p.add_argument("--nic", help="the nic the policy's {nic} knobs were resolved with")
-    p.add_argument("--session", help="only this session id (default: the latest)")
+    p.add_argument("--policy", metavar="NAME|FILE", help="policy name or file (default: the config's policy)")
+    p.add_argument("--config", default="/etc/polltuned/polltuned.toml", metavar="FILE",
+                   help="daemon config naming the policy when --policy is not given "
+                        "(default /etc/polltuned/polltuned.toml)")
+    p.add_argument("--nic", metavar="DEV", help="the nic the policy's {nic} knobs were resolved with")
+    p.add_argument("--session", metavar="ID", help="only this session id (default: the latest)")
     p.add_argument("--all", action="store_true", help="every session, not only the latest")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def study_rows(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:

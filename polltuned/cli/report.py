@@ -6,14 +6,13 @@ import argparse
 
 from polltuned.errors import ExitCode, UsageError
 
-HELP = "draw the recorded trials of a policy to a PNG"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from polltuned.cli.history import add_arguments as history_args
 
     history_args(p)
-    p.add_argument("-o", "--output", default="polltuned-report.png", metavar="PNG")
+    p.add_argument("-o", "--output", default="polltuned-report.png", metavar="PNG",
+                   help="where to write the PNG (default polltuned-report.png)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,14 +1,17 @@
-"""``polltuned rollback [--if-dirty]``: put every knob back to its value before polltuned touched it."""
+"""``polltuned rollback [--if-dirty]``: put every knob back to its value before polltuned touched it.
+
+A damaged journal (emptied, head lost, cut inside a baseline record, a bad record) is not "nothing
+to do": the knobs are restored from the baseline copy, every item is printed, and the command
+still fails with ``error[journal-corrupt]`` (exit 7) naming the damage."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from polltuned.actuator import JournalRecovered, RollbackReport
 from polltuned.cli._knobs_common import build_actuator, fmt
-from polltuned.errors import ExitCode
-
-HELP = "restore every baseline from the journal (reverse order, idempotent, no daemon needed)"
+from polltuned.errors import ExitCode, JournalError, JournalUnreadable
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,28 +20,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _print(rep: RollbackReport, as_json: bool, recovered: JournalRecovered | None = None) -> None:
+    if as_json:
+        doc: dict[str, object] = {
+            "clean": rep.clean, "was_dirty": rep.was_dirty,
+            "items": [{"key": i.key, "outcome": i.outcome, "value": i.value, "detail": i.detail} for i in rep.items]}
+        if recovered is not None:
+            doc["journal_error"] = recovered.damage.message
+            doc["restored_from_copy"] = True
+            doc["damaged_journal"] = str(recovered.aside) if recovered.aside else None
+        print(json.dumps(doc, indent=2))
+        return
+    if not rep.was_dirty and recovered is None:
+        print("nothing to roll back: the host is clean")
+    for i in rep.items:
+        extra = f" ({i.detail})" if i.detail else ""
+        src = " [from the baseline copy]" if recovered is not None else ""
+        print(f"{i.key}: {i.outcome} {fmt(i.value)}{extra}{src}")
+
+
 def run(args: argparse.Namespace) -> int:
     from polltuned.daemon.status import clear_kept, is_kept
 
     act = build_actuator(args)
-    st = act.state()
-    if args.if_dirty and not st.open:
-        clear_kept(args.state_dir)
-        return int(ExitCode.OK)
-    if args.if_dirty and is_kept(args.state_dir, st.epoch, st.open):
-        # the daemon exited cleanly with on_exit = keep: its deployed values stay on purpose
-        print("polltuned: keeping the deployed configuration (policy on_exit = keep); 'polltuned rollback' undoes it")
-        return int(ExitCode.OK)
+    epoch: int | None = None
+    try:
+        st = act.state()
+        is_open, epoch = st.open, st.epoch
+    except JournalUnreadable:
+        raise  # not root: say that, not something about kept.json
+    except JournalError:  # damaged: not "clean"; the rollback below restores from the copy
+        is_open = True
+    if args.if_dirty:
+        if not is_open:
+            clear_kept(args.state_dir)
+            return int(ExitCode.OK)
+        if epoch is not None and is_kept(args.state_dir, epoch, is_open):
+            # the daemon exited cleanly with on_exit = keep (this journal epoch): its deployed values
+            # stay on purpose
+            print("polltuned: keeping the deployed configuration (policy on_exit = keep); "
+                  "'polltuned rollback' undoes it")
+            return int(ExitCode.OK)
     clear_kept(args.state_dir)
-    rep = act.rollback()
-    if args.json:
-        print(json.dumps({"clean": rep.clean, "was_dirty": rep.was_dirty,
-                          "items": [{"key": i.key, "outcome": i.outcome, "value": i.value, "detail": i.detail}
-                                    for i in rep.items]}, indent=2))
-    else:
-        if not rep.was_dirty:
-            print("nothing to roll back: the host is clean")
-        for i in rep.items:
-            extra = f" ({i.detail})" if i.detail else ""
-            print(f"{i.key}: {i.outcome} {fmt(i.value)}{extra}")
+    try:
+        rep = act.rollback()
+    except JournalRecovered as e:
+        _print(e.report, args.json, e)
+        raise
+    _print(rep, args.json)
     return int(ExitCode.OK if rep.ok else ExitCode.FAILURE)

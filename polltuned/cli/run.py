@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 
+from polltuned.cli._types import int_range
 from polltuned.errors import ExitCode
-
-HELP = "run the tuning daemon in the foreground (what the systemd unit starts)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="daemon config (TOML), e.g. /etc/polltuned/polltuned.toml")
     p.add_argument("--policy", help="policy name or file (overrides the config's)")
     p.add_argument("--nic", help="network device the policy's {nic} knobs refer to (overrides policy and config)")
-    p.add_argument("--max-rounds", type=int, default=None, metavar="N",
+    p.add_argument("--max-rounds", type=int_range(1, 10**6), default=None, metavar="N",
                    help="stop after N tuning rounds instead of holding forever (for demos and tests)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
+                   help="log verbosity (default: the config's log_level, info)")
     p.add_argument("--observe", action="store_true",
                    help="look before touching: measure the baseline and counters and report what would be "
                         "tried, without writing any knob (same as mode = \"observe\" in the policy)")

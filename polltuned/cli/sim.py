@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from polltuned.cli._types import SEED, int_range
 from polltuned.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from polltuned.policy.schema import Policy
     from polltuned.worlds.scenario import Scenario
 
-HELP = "tune a simulated scenario with the real engine on a fake kernel tree"
 
 
 def _optimisers() -> list[str]:
@@ -37,11 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", help="scenario .py file, shipped name, or family:SEED:INDEX (a random landscape) "
                    "(default: the policy's probe.scenario)")
     p.add_argument("--policy", default="sim-default", help="policy name or file (default sim-default)")
-    p.add_argument("--trials", type=int, default=None, metavar="N",
-                   help="budget in measurement windows (default: the policy's tuning.budget)")
-    p.add_argument("--seed", type=int, default=0, help="noise and optimiser seed")
+    p.add_argument("--trials", type=int_range(1, 10_000), default=None, metavar="N",
+                   help="budget in measurement windows, 1..10000 (default: the policy's tuning.budget)")
+    p.add_argument("--seed", type=SEED, default=0, metavar="N", help="noise and optimiser seed, 0..2^32-1 (default 0)")
     p.add_argument("--optimiser", choices=_optimisers(), default=None,
-                   help="override the policy's tuning.optimiser")
+                   help="search method (default: the policy's tuning.optimiser)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--list", action="store_true", help="list the shipped scenarios and exit")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")

@@ -13,19 +13,20 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from polltuned.cli._knobs_common import make_host
+from polltuned.cli._types import finite_float, int_range
 from polltuned.clock import Clock, SystemClock
 from polltuned.counters import Sampler
 from polltuned.counters.sampler import Snapshot
 from polltuned.errors import UsageError
-from polltuned.host.fs import FsHost
 from polltuned.metrics.window import Rates, rates
-
-HELP = "live per-CPU softirq/IRQ/CPU view of the network path (--once --json for one sample)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between samples (default 1)")
-    p.add_argument("--count", type=int, default=0, metavar="N", help="stop after N intervals (default: run until ^C)")
+    p.add_argument("--interval", type=finite_float(0, 3600), default=1.0, metavar="S",
+                   help="seconds between samples, > 0 and <= 3600 (default 1)")
+    p.add_argument("--count", type=int_range(0, 10**9), default=0, metavar="N",
+                   help="stop after N intervals (default 0: run until ^C)")
     p.add_argument("--once", action="store_true", help="one interval, then exit (same as --count 1)")
     p.add_argument("--json", action="store_true", help="print each interval as one line of JSON")
     p.add_argument("--nic", action="append", metavar="DEV",
@@ -115,6 +116,6 @@ def run(args: argparse.Namespace) -> int:
         families = [n for n, c in COLLECTORS.items() if c.default and n != "procs"] + ["interrupts"]
     count = 1 if args.once else args.count
     clock = SystemClock()
-    with Sampler(FsHost(args.host_root), clock=clock, nic=args.nic, families=families) as sampler:
+    with Sampler(make_host(args), clock=clock, nic=args.nic, families=families) as sampler:
         return loop(sampler, clock, interval=args.interval, count=count, as_json=args.json,
                     out=sys.stdout, clear=sys.stdout.isatty() and not args.json and count != 1)

@@ -9,8 +9,6 @@ import json
 from polltuned.cli._knobs_common import build_actuator, fmt
 from polltuned.errors import ExitCode
 
-HELP = "re-read every managed knob: holds / admin-changed / kernel-reset / gone"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -51,7 +51,7 @@ class MetricsConfig(BaseModel):
 
 
 class DaemonConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     policy: str = "latency-critical"
     nic: str | None = None

@@ -38,11 +38,10 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
                    + (f" — {doc['message']}" if doc.get("message") else "")
                    + f"   (updated {age:.0f} s ago)")
     else:
-        if dirty is None:  # e.g. a member of group polltuned: the journal is root's alone
-            out.append("polltuned: not running; host state unknown (the journal cannot be read: run as root)")
-        else:
-            state = "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value"
-            out.append(f"polltuned: not running; host is {state}")
+        state = ("in an UNKNOWN state (host state unknown: the journal is damaged, or unreadable by this user)"
+                 if dirty is None else
+                 "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value")
+        out.append(f"polltuned: not running; host is {state}")
         if doc:
             out.append(f"last run:  policy {doc.get('policy', '?')}, ended in phase {doc.get('phase', '?')}"
                        + (f" — {doc['message']}" if doc.get("message") else ""))

@@ -7,6 +7,7 @@ The file is read-only data (nothing in it can change the host). Mode 0640 so roo
 from __future__ import annotations
 
 import contextlib
+import errno as errno_mod
 import fcntl
 import json
 import os
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polltuned.errors import LockedError, PermissionNeeded
+from polltuned.errors import LockedError, PermissionNeeded, PolltunedError
 
 STATUS_VERSION = 1
 STATUS_FILE = "status.json"
@@ -89,15 +90,14 @@ def holder_pid(run_dir: str | Path) -> int | None:
 def daemon_running(run_dir: str | Path) -> bool:
     """True when some process holds the instance lock (works across pid namespaces).
 
-    PermissionNeeded when the run directory cannot be read (it is root:polltuned 0750)."""
+    PermissionNeeded when the run directory or the lock cannot be read (it is root:polltuned 0750)."""
     p = Path(run_dir) / LOCK_FILE
     try:
-        if not p.exists():
-            return False
         fd = os.open(p, os.O_RDONLY)
-    except PermissionError:
-        raise PermissionNeeded(f"{run_dir}: cannot read the daemon's status: permission denied",
-                               hint="run it as root or as a member of group polltuned") from None
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise _state_error(p, "open", e) from e
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -152,11 +152,23 @@ def read_kept(state_dir: str | Path) -> KeepMarker | None:
 
 
 def clear_kept(state_dir: str | Path) -> bool:
+    p = Path(state_dir) / KEEP_MARKER
     try:
-        (Path(state_dir) / KEEP_MARKER).unlink()
+        p.unlink()
         return True
     except FileNotFoundError:
         return False
+    except NotADirectoryError:
+        return False
+    except OSError as e:
+        raise _state_error(p, "remove", e) from e
+
+
+def _state_error(path: Path, action: str, e: OSError) -> PolltunedError:
+    why = e.strerror or str(e)
+    if e.errno in (errno_mod.EACCES, errno_mod.EPERM):
+        return PermissionNeeded(f"{path}: cannot {action}: {why}", hint="run polltuned as root (sudo)")
+    return PolltunedError(f"{path}: cannot {action}: {why}", code="os-error")
 
 
 def is_kept(state_dir: str | Path, epoch: int, open_: bool) -> bool:

@@ -101,7 +101,10 @@ def check_value(key: str, domain: Domain, value: object) -> KnobValue:
         iv = int(value)
     elif isinstance(value, str):
         t = value.strip()
-        if t and (t.isdigit() or (t[0] in "+-" and t[1:].isdigit())):
+        digits = t[1:] if t[:1] in ("+", "-") else t
+        if digits.isascii() and digits.isdigit():  # "²" and "٣" are digits to str.isdigit, not to sysctl
+            if len(digits) > 30:
+                raise KnobValueError(f"{key}: {t[:24]}… ({len(digits)} digits) is outside {domain.describe()}")
             iv = int(t)
     if iv is None:
         raise KnobValueError(f"{key}: {value!r} is not an integer (allowed {domain.describe()})")

@@ -56,7 +56,9 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise PolicyError([f"{path}: cannot read: {e.strerror}"]) from e
+        raise PolicyError([f"{path}: cannot read: {e.strerror or e}"]) from e
+    except UnicodeDecodeError as e:
+        raise PolicyError([f"{path}: not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}"]) from None
     except tomllib.TOMLDecodeError as e:
         raise PolicyError([f"{path}: not valid TOML: {e}"]) from e
 

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf/nan (TOML has both, and 1e400 overflows to inf) are never a meaningful bound or duration
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class KnobSpec(_Strict):
@@ -182,7 +183,7 @@ class Tuning(_Strict):
     repeats: int = Field(1, ge=1, le=20, description="windows per trial")
     optimiser: str = Field("skopt", description="an optimiser of polltuned.optimiser.OPTIMISERS")
     initial_points: int = Field(6, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     warm_start: bool = True
 
 
