@@ -36,9 +36,9 @@ def kept_epoch(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from polltuned.actuator import JournalHealth
     from polltuned.cli._knobs_common import build_actuator, fmt
     from polltuned.daemon.render import render_status
-    from polltuned.actuator import JournalHealth
     from polltuned.daemon.status import daemon_running, read_status
     from polltuned.errors import JournalUnreadable, PermissionNeeded, PolltunedError
 
