@@ -10,7 +10,8 @@ if [ "${1:-}" = "--dev" ]; then mode=dev; venv="${2:-$here/.venv}"; fi
 
 if [ "$(id -u)" != 0 ]; then echo "install.sh: run as root (it installs Debian packages)" >&2; exit 5; fi
 
-apt_pkgs=(python3 python3-venv python3-dev gcc libsystemd-dev pkg-config iproute2 ethtool sockperf stress-ng procps)
+apt_pkgs=(python3 python3-venv python3-dev gcc libsystemd-dev pkg-config iproute2 ethtool sockperf stress-ng procps
+          nginx wrk memcached)
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

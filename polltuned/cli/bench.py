@@ -1,9 +1,11 @@
 """``polltuned bench``: tune this host's real knobs on the embedded netns + veth + sockperf world.
 
 Needs root. Creates ``ptb-c``/``ptb-s`` with a veth pair (198.18.230.0/24), runs the real engine on
-the real host knobs with the shipped ``bench`` policy, compares kernel defaults, tuned's static
-busy_read=busy_poll=50 and the deployed configuration interleaved, prints the table, and always
-restores every knob and removes the namespaces (also on failure and Ctrl-C).
+the real host knobs with the workload's shipped policy (``bench``; ``bench-nginx`` and
+``bench-memcached`` for the application workloads), compares kernel defaults, tuned's static
+busy_read=busy_poll=50, the deployed configuration (and with ``--oracle`` the oracle's best)
+interleaved, prints the table with 95 % CIs, and always restores every knob, stops the servers and
+removes the namespaces (also on failure and Ctrl-C).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from polltuned.clock import SystemClock
 from polltuned.errors import LockedError, PermissionNeeded, UsageError
 from polltuned.host.fs import FsHost
 
-HELP = "tune this host on the embedded netns+veth+sockperf world, then compare defaults/static/deployed"
+HELP = ("tune this host on the embedded netns+veth world (sockperf, nginx or memcached), then compare "
+        "defaults/static/deployed interleaved")
 
 LOCK = "/tmp/polltuned-realkernel.lock"
 
@@ -28,12 +31,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from polltuned.worlds.default import WORKLOADS
 
     p.add_argument("--workload", default="single", choices=list(WORKLOADS),
-                   help="single (default), parallel, shared-cpu, cpu-hog")
-    p.add_argument("--policy", default="bench", metavar="NAME|FILE", help="policy (default: the shipped 'bench')")
+                   help="single (default), parallel, shared-cpu, cpu-hog (sockperf); nginx (nginx + wrk); "
+                        "memcached (memcached + polltuned's closed-loop GET client)")
+    p.add_argument("--policy", metavar="NAME|FILE",
+                   help="policy (default: the workload's: bench, bench-nginx or bench-memcached)")
+    p.add_argument("--no-seeds", action="store_true", help="remove every 'seeds' entry from the policy")
     p.add_argument("--budget", type=int, metavar="N", help="search windows (default: the policy's)")
     p.add_argument("--window", type=float, metavar="S", help="seconds per window (default: the policy's)")
-    p.add_argument("--rounds", type=int, default=3, metavar="N",
-                   help="interleaved rounds of the final default/static/deployed comparison (default 3)")
+    p.add_argument("--rounds", type=int, default=8, metavar="N",
+                   help="at least N interleaved rounds of the final comparison (default 8); more, up to "
+                        "--max-rounds, until every arm's 95%% CI of J is within ±15%%")
+    p.add_argument("--max-rounds", type=int, metavar="N", help="hard cap on comparison rounds (default 2 x --rounds)")
+    p.add_argument("--oracle", metavar="FILE",
+                   help="JSON from benchmarks/oracle.py: measure its best configuration for this workload as a "
+                        "fourth arm of the final comparison")
     p.add_argument("--seed", type=int, help="optimiser seed (default: the policy's)")
     p.add_argument("--record", metavar="FILE", help="append every window as JSON lines (replay input)")
     p.add_argument("--report", metavar="PNG", help="draw the trials report to this file")
@@ -57,10 +68,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget: must be >= 3 (got {args.budget})")
     if args.rounds < 1:
         raise UsageError(f"--rounds: must be >= 1 (got {args.rounds})")
+    if args.max_rounds is not None and args.max_rounds < args.rounds:
+        raise UsageError(f"--max-rounds: must be >= --rounds (got {args.max_rounds} < {args.rounds})")
+    if args.oracle is not None and not Path(args.oracle).is_file():
+        raise UsageError(f"--oracle: no such file (got {args.oracle})")
     settings = BenchSettings(
         workload=args.workload, policy=args.policy, budget=args.budget, window_s=args.window,
-        compare_rounds=args.rounds, seed=args.seed, state_dir=Path(args.state_dir) / "bench",
-        record=Path(args.record) if args.record else None, report=Path(args.report) if args.report else None)
+        compare_rounds=args.rounds, max_rounds=args.max_rounds, seed=args.seed,
+        state_dir=Path(args.state_dir) / "bench",
+        record=Path(args.record) if args.record else None, report=Path(args.report) if args.report else None,
+        no_seeds=args.no_seeds, oracle=Path(args.oracle) if args.oracle else None)
     fd = -1
     if not args.no_lock:
         fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)
