@@ -1,18 +1,28 @@
-"""``polltuned bench``: tune this host's real knobs on the embedded netns + veth + sockperf world.
+"""``polltuned bench``: tune this host's real knobs on the embedded netns + veth world.
 
-Order of operations (each step undone in ``finally``, also on SIGINT/SIGTERM):
+Workloads (polltuned/worlds/default.py): sockperf ping-pong layouts (single, parallel, shared-cpu,
+cpu-hog; a fresh sockperf server per window) and real applications started once per run (nginx +
+a fresh ``wrk --latency`` per window; memcached + a fresh ``polltuned.host.kvclient`` per window),
+measured through the ``command`` probe of their policies (bench-nginx, bench-memcached).
+
+Order of operations (each step undone in ``finally``, also on SIGINT/SIGTERM; :func:`bench_session`):
 
 1. journal + actuator on the real host; if a crashed run left the journal dirty, roll it back first;
-2. world: remove a crashed run's leftovers (``ptb-*`` namespaces and what runs in them), create the
-   namespaces, the veth pair with NAPI active, and the workload's CPU hog if any;
-3. policy ``bench`` resolved to the world's nic (``ptb-s/ptbs``), knobs this host lacks dropped,
-   the sockperf probe pointed at the world with the workload's layout;
-4. ``Tuner.run()`` over a HostEnv (wrapped to add guest idle-poll CPU and to record windows);
-5. final comparison, interleaved round by round (A/B/C, A/B/C, ...): the kernel defaults (the host's
-   values at start), tuned's static network-latency values (busy_read = busy_poll = 50) and the
-   configuration polltuned deployed;
-6. actuator.rollback() (every knob back), world.teardown(), and a check that every knob reads back
-   its original value.
+2. world: remove a crashed run's leftovers (``ptb-*`` namespaces and what runs in them, the
+   application directory), create the namespaces, the veth pair with NAPI active, the workload's
+   CPU hog if any, and its application server if any;
+3. the workload's policy resolved to the world's nic (``ptb-s/ptbs``), knobs this host lacks dropped,
+   the probe pointed at the world with the workload's layout;
+4. ``Tuner.run()`` over a HostEnv (wrapped to add guest idle-poll CPU, foreign CPU and steal, and to
+   record windows);
+5. final comparison, interleaved round by round in a rotating order: the kernel defaults (the host's
+   values at start), tuned's static network-latency values (busy_read = busy_poll = 50), the
+   configuration polltuned deployed and, with ``--oracle``, the oracle's best (benchmarks/oracle.py);
+   at least ``--rounds`` rounds, more until every arm's J has a 95 % CI within ±15 %, at most
+   ``--max-rounds``; J per arm as a geometric mean with a log-scale CI, and paired per-round
+   ratios to the default (see "comparison statistics" below);
+6. actuator.rollback() (every knob back), servers stopped, world.teardown(), and a check that every
+   knob reads back its original value.
 
 Why guest idle polling is added to CPU: with ``guest_halt_poll_ns`` the vCPU spins in the cpuidle
 POLL state, which /proc/stat counts as idle (vm-bench.md §8); without the correction the tuner
@@ -771,60 +781,67 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
     t_start = clock.monotonic()
     oracle_cfg = load_oracle(settings.oracle, settings.workload) if settings.oracle is not None else None
     rule = settings.stop_rule()
-    with bench_session(settings, host=host, clock=clock, progress=progress) as sess:
-        policy, env = sess.policy, sess.env
-        defaults = env.current()
-        tuner = Tuner(policy, env, Study.memory(policy), clock=clock)
-        for ev in tuner.run():
-            if ev.phase in ("MEASURE", "CONFIRM", "SCORE", "DONE", "ROLLBACK") or (
-                    ev.phase == "APPLY"):
-                progress(f"[{ev.phase}] {ev.message}")
-        result = tuner.result
-        assert result is not None
-        tuning_s = clock.monotonic() - t_start
-        deployed = {k: result.deployed.get(k, defaults[k]) for k in defaults}
-        static = {**defaults, **{k: v for k, v in STATIC_OVERRIDES.items() if k in defaults}}
-        arms: dict[str, Config] = {"default": defaults, "static": static}
-        deployed_is_default = all(deployed[k] == defaults[k] for k in defaults)
-        if not deployed_is_default:
-            arms["deployed"] = deployed
-        oracle_is_default = False
-        if oracle_cfg is not None:
-            unknown = sorted(k for k in oracle_cfg if k not in defaults)
-            if unknown:
-                progress(f"oracle knobs not tuned in this run, left out of the oracle arm: {', '.join(unknown)}")
-            oracle = {**defaults, **{k: v for k, v in oracle_cfg.items() if k in defaults}}
-            oracle_is_default = all(oracle[k] == defaults[k] for k in defaults)
-            if not oracle_is_default:
-                arms["oracle"] = oracle
-        env.phase = "compare"
-        progress(f"final comparison: {', '.join(arms)} interleaved, {rule.min_rounds}..{rule.max_rounds} rounds "
-                 f"(stops once every J's 95% CI is within ±{rule.rel_halfwidth:.0%})")
-        wins, why = run_comparison(
-            env, arms, policy.objective, rule, first_index=result.windows_used + 1000,
-            on_window=lambda n, r, w: progress(f"[COMPARE] round {r + 1} {n}: {_window_line(w)}"))
-        rounds = max((len(v) for v in wins.values()), default=0)
-        summaries = summarise_comparison(arms, wins, policy.objective, level=rule.level)
-        d = summaries["default"]
-        if deployed_is_default:
-            summaries["deployed"] = replace(d, name="deployed")
-        if oracle_cfg is not None and oracle_is_default:
-            summaries["oracle"] = replace(d, name="oracle")
-        trials: list[dict[str, object]] = [{"phase": ph, "config": cfg, "window": w.to_json(),
-                   "objective": (s.value if (s := score(w, policy.objective)).ok else None)}
-                  for ph, cfg, w in env.windows.entries]
-        comparison: dict[str, object] = {
-            "rounds": rounds, "min_rounds": rule.min_rounds, "max_rounds": rule.max_rounds,
-            "rel_halfwidth_target": rule.rel_halfwidth, "level": rule.level, "stop_reason": why,
-            "order": "rotating per round", "arms_measured": list(arms),
-            "aliases": {**({"deployed": "default"} if deployed_is_default else {}),
-                        **({"oracle": "default"} if oracle_cfg is not None and oracle_is_default else {})},
-            "oracle_file": str(settings.oracle) if settings.oracle is not None else None}
-        res = BenchResult(
-            workload=sess.workload.name, arms=summaries, tuning=result.to_json(), trials=trials,
-            duration_s=0.0, restored=False, knobs=sess.knobs, dropped_knobs=sess.dropped,
-            world=sess.world.describe(), deployed_is_default=deployed_is_default, comparison=comparison,
-            policy=policy.name, tuning_s=tuning_s)
+    owner_pid = os.getpid()
+    with contextlib.ExitStack() as stack:
+        try:
+            sess = stack.enter_context(bench_session(settings, host=host, clock=clock, progress=progress))
+            policy, env = sess.policy, sess.env
+            defaults = env.current()
+            tuner = Tuner(policy, env, Study.memory(policy), clock=clock)
+            for ev in tuner.run():
+                if ev.phase in ("MEASURE", "CONFIRM", "SCORE", "DONE", "ROLLBACK") or (
+                        ev.phase == "APPLY"):
+                    progress(f"[{ev.phase}] {ev.message}")
+            result = tuner.result
+            assert result is not None
+            tuning_s = clock.monotonic() - t_start
+            deployed = {k: result.deployed.get(k, defaults[k]) for k in defaults}
+            static = {**defaults, **{k: v for k, v in STATIC_OVERRIDES.items() if k in defaults}}
+            arms: dict[str, Config] = {"default": defaults, "static": static}
+            deployed_is_default = all(deployed[k] == defaults[k] for k in defaults)
+            if not deployed_is_default:
+                arms["deployed"] = deployed
+            oracle_is_default = False
+            if oracle_cfg is not None:
+                unknown = sorted(k for k in oracle_cfg if k not in defaults)
+                if unknown:
+                    progress(f"oracle knobs not tuned in this run, left out of the oracle arm: {', '.join(unknown)}")
+                oracle = {**defaults, **{k: v for k, v in oracle_cfg.items() if k in defaults}}
+                oracle_is_default = all(oracle[k] == defaults[k] for k in defaults)
+                if not oracle_is_default:
+                    arms["oracle"] = oracle
+            env.phase = "compare"
+            progress(f"final comparison: {', '.join(arms)} interleaved, {rule.min_rounds}..{rule.max_rounds} rounds "
+                     f"(stops once every J's 95% CI is within ±{rule.rel_halfwidth:.0%})")
+            wins, why = run_comparison(
+                env, arms, policy.objective, rule, first_index=result.windows_used + 1000,
+                on_window=lambda n, r, w: progress(f"[COMPARE] round {r + 1} {n}: {_window_line(w)}"))
+            rounds = max((len(v) for v in wins.values()), default=0)
+            summaries = summarise_comparison(arms, wins, policy.objective, level=rule.level)
+            d = summaries["default"]
+            if deployed_is_default:
+                summaries["deployed"] = replace(d, name="deployed")
+            if oracle_cfg is not None and oracle_is_default:
+                summaries["oracle"] = replace(d, name="oracle")
+            trials: list[dict[str, object]] = [{"phase": ph, "config": cfg, "window": w.to_json(),
+                       "objective": (s.value if (s := score(w, policy.objective)).ok else None)}
+                      for ph, cfg, w in env.windows.entries]
+            comparison: dict[str, object] = {
+                "rounds": rounds, "min_rounds": rule.min_rounds, "max_rounds": rule.max_rounds,
+                "rel_halfwidth_target": rule.rel_halfwidth, "level": rule.level, "stop_reason": why,
+                "order": "rotating per round", "arms_measured": list(arms),
+                "aliases": {**({"deployed": "default"} if deployed_is_default else {}),
+                            **({"oracle": "default"} if oracle_cfg is not None and oracle_is_default else {})},
+                "oracle_file": str(settings.oracle) if settings.oracle is not None else None}
+            res = BenchResult(
+                workload=sess.workload.name, arms=summaries, tuning=result.to_json(), trials=trials,
+                duration_s=0.0, restored=False, knobs=sess.knobs, dropped_knobs=sess.dropped,
+                world=sess.world.describe(), deployed_is_default=deployed_is_default, comparison=comparison,
+                policy=policy.name, tuning_s=tuning_s)
+        finally:
+            if os.getpid() == owner_pid:
+                progress("restoring the host: every knob back, servers stopped, namespaces removed")
+
     res.restored = sess.restored
     res.duration_s = clock.monotonic() - t_start
     if settings.report is not None:
