@@ -482,13 +482,15 @@ def _fmt_ci(ci: tuple[float, float], nd: int = 1) -> str:
 
 
 def render_table(res: BenchResult) -> str:
-    rows = [("config", "p50 µs", "p99 µs", "p99 95% CI", "CPU cores", "J", "J 95% CI", "J/default", "ratio 95% CI",
-             "n", "foreign CPU", "steal")]
+    tput = any(math.isfinite(a.throughput) for a in res.arms.values())
+    rows = [("config", "p50 µs", "p99 µs", "p99 95% CI", "CPU cores", *(("req/s",) if tput else ()), "J", "J 95% CI",
+             "J/default", "ratio 95% CI", "n", "foreign CPU", "steal")]
     for n in ARMS:
         a = res.arms.get(n)
         if a is None:
             continue
-        rows.append((n, _fmt(a.p50), _fmt(a.p99), _fmt_ci(a.p99_ci), _fmt(a.cpu_cores, 2), _fmt(a.objective),
+        rows.append((n, _fmt(a.p50), _fmt(a.p99), _fmt_ci(a.p99_ci), _fmt(a.cpu_cores, 2),
+                     *((_fmt(a.throughput, 0),) if tput else ()), _fmt(a.objective),
                      _fmt_ci(a.objective_ci), _fmt(a.ratio, 3), _fmt_ci(a.ratio_ci, 3),
                      f"{a.windows - a.failed}/{a.windows}", _fmt(a.foreign_cores, 2), _fmt(a.steal_cores, 2)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -268,13 +268,15 @@ def test_strip_seeds_and_probe_fit() -> None:
 def test_table_shows_ratios_and_oracle() -> None:
     d = _arm("default", 200.0, 230.0)
     o = ArmSummary(**{**_arm("oracle", 15.0, 20.0).__dict__, "config": {"net.core.busy_read": 25},
-                      "ratio": 0.087, "ratio_ci": (0.07, 0.11)})
+                      "ratio": 0.087, "ratio_ci": (0.07, 0.11), "throughput": 91642.4})
     res = BenchResult("nginx", {"default": d, "static": _arm("static", 17.0, 25.0),
                                 "deployed": _arm("deployed", 16.0, 24.0), "oracle": o},
                       {"reason": "x"}, [], 10.0, True, ["net.core.busy_read"], {}, {}, False,
                       comparison={"rounds": 8, "stop_reason": "every arm's J within ±15%"})
     t = render_table(res)
     assert "oracle: net.core.busy_read=25" in t and "[0.070, 0.110]" in t and "8 interleaved rounds" in t
+    assert "req/s" in t and "91642" in t
+    assert "req/s" not in render_table(BenchResult("single", {"default": d}, {}, [], 1.0, True, [], {}, {}, True))
     j = res.to_json()
     assert j["arms"] == ["default", "static", "deployed", "oracle"]
     assert j["oracle"]["ratio_ci95"] == [0.07, 0.11] and j["comparison"]["rounds"] == 8

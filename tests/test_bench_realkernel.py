@@ -200,3 +200,58 @@ def test_real_bench_application_workloads(real_kernel: None, tmp_path: Path, wor
     ok = [t for t in d["trials"] if t["window"]["ok"]]
     assert len(ok) >= 3
     assert render_table(res).count("\n") >= 6
+
+
+@pytest.mark.realkernel
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_crashed_nginx_bench_is_cleaned_up_by_cleanup(real_kernel: None, tmp_path: Path) -> None:
+    """SIGKILL an nginx bench after its first knob write (nginx running in ptb-s, its config in the
+    state dir); `polltuned bench --cleanup` kills the orphaned nginx, removes the namespaces and the
+    application directory, and rolls the knobs back."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    for tool in ("nginx", "wrk", "sockperf"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed")
+    host = FsHost("/")
+    before = _snapshot(host)
+    apps_before = _app_pids()
+    state = tmp_path / "st"
+    env = {**os.environ, "POLLTUNED_TEST_PAUSE_AFTER": "write:1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polltuned", "--state-dir", str(state), "bench", "--no-lock", "--workload", "nginx",
+         "--budget", "4", "--window", "1", "--rounds", "1"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"bench exited before its first write: {proc.stderr.read().decode()[-2000:]}"
+                            if proc.stderr else "bench exited early")
+            if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("bench never reached its first knob write")
+        assert any(name == "nginx" for _, name in _app_pids() - apps_before), "nginx should be running"
+        assert (state / "bench" / "bench-app" / "nginx.conf").exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        if proc.stderr:
+            proc.stderr.close()
+    assert any(name == "nginx" for _, name in _app_pids() - apps_before), "the killed bench orphaned nginx"
+    r = subprocess.run([sys.executable, "-m", "polltuned", "--state-dir", str(state), "bench", "--cleanup",
+                        "--no-lock"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "knobs rolled back: yes" in r.stdout and "ptb-c" in r.stdout and "ptb-s" in r.stdout
+    time.sleep(0.2)
+    assert _app_pids() == apps_before
+    assert not (state / "bench" / "bench-app").exists()
+    assert _snapshot(host) == before
