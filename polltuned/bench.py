@@ -691,7 +691,7 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
     from polltuned.host.exec import SubprocessRunner, foreign_cpu_seconds
     from polltuned.journal import Journal
     from polltuned.policy.loader import load_policy
-    from polltuned.probes.factory import make_probe
+    from polltuned.probes.factory import make_probe, probe_opens_fresh_sockets
     from polltuned.worlds.default import DefaultWorld, get_workload
 
     workload = get_workload(settings.workload)
@@ -735,6 +735,9 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
             if settings.confirm_pairs is not None:
                 upd["confirm"] = policy.confirm.model_copy(update={"pairs": settings.confirm_pairs})
             policy = policy.model_copy(update=upd)
+            if not probe_opens_fresh_sockets(probe_cfg):
+                progress(f"{workload.app} runs for the whole bench: its accepted sockets predate every knob change, "
+                         "so net.core.busy_read reaches only the client's fresh sockets; busy_poll acts on both")
             probe = make_probe(probe_cfg, host, clock=clock, runner=runner,
                                client_cpus=world.client_cpus, server_cpus=world.server_cpus)
             probe.start()
