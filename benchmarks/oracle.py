@@ -110,7 +110,12 @@ def aggregate(labels: Sequence[str], configs: Sequence[Mapping[str, Any]], resul
                      "objective_samples": [r(j) for j in js]})
     eligible = [row for row in rows if row["objective"] is not None and row["valid"] * 2 >= max(1, row["windows"])]
     best = min(eligible, key=lambda row: row["objective"]) if eligible else None
-    return {"configs": rows, "best": best}
+    # configurations the sweep cannot tell apart from the best: their CI reaches the best's
+    ties: list[str] = []
+    if best is not None and best["objective_ci95"][1] is not None:
+        ties = [row["label"] for row in eligible if row is not best and row["objective_ci95"][0] is not None
+                and row["objective_ci95"][0] <= best["objective_ci95"][1]]
+    return {"configs": rows, "best": best, "indistinguishable_from_best": ties}
 
 
 def sweep(workload: str, *, reps: int, window_s: float | None, seed: int, state_dir: Path,
@@ -153,7 +158,8 @@ def sweep(workload: str, *, reps: int, window_s: float | None, seed: int, state_
                "windows": len(results), "defaults": defaults, "nic": nic,
                "grid": {"net.core.busy_read": list(BUSY_READ), "net.core.busy_poll": list(BUSY_POLL),
                         "deferral": {f"{nic}:{k}": v for k, v in DEFER_ON.items()}},
-               "best": agg["best"], "default": default_rows[0] if default_rows else None,
+               "best": agg["best"], "indistinguishable_from_best": agg["indistinguishable_from_best"],
+               "default": default_rows[0] if default_rows else None,
                "configs": agg["configs"],
                "foreign_cores": round(statistics.fmean(foreign), 3) if foreign else None,
                "foreign_cores_max": round(max(foreign), 3) if foreign else None,
@@ -198,7 +204,8 @@ def main() -> int:
             out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
             best, base = res["best"], res["default"]
             print(f"{w}: best {best['label'] if best else '-'} J={best['objective'] if best else '-'} "
-                  f"{best['objective_ci95'] if best else ''}; default J={base['objective'] if base else '-'}; "
+                  f"{best['objective_ci95'] if best else ''} ({len(res['indistinguishable_from_best'])} others within "
+                  f"its CI); default J={base['objective'] if base else '-'}; "
                   f"foreign CPU {res['foreign_cores']} (max {res['foreign_cores_max']}); "
                   f"{res['duration_s']} s; restored: {res['restored']}")
     finally:

@@ -448,6 +448,7 @@ def test_oracle_grid_schedule_and_aggregate() -> None:
                (2, Window.failed("y"))]
     agg = o.aggregate(["a", "b", "c"], [{"k": 0}, {"k": 1}, {"k": 2}], results, obj)
     assert agg["best"]["label"] == "b"                     # c has 1 of 3 windows valid: not eligible
+    assert agg["indistinguishable_from_best"] == []        # a's CI is far above b's
     rows = {r["label"]: r for r in agg["configs"]}
     assert rows["a"]["objective"] == pytest.approx(math.sqrt(100 * 120), rel=1e-3)
     lo, hi = rows["b"]["objective_ci95"]
