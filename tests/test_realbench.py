@@ -445,12 +445,12 @@ def test_oracle_grid_schedule_and_aggregate() -> None:
         return Window(ok=True, latency={"p99": p99}, cpu_cores=0.5)
 
     results = [(0, w(100.0)), (1, w(10.0)), (0, w(120.0)), (1, w(12.0)), (2, w(1.0)), (2, Window.failed("x")),
-               (2, Window.failed("y"))]
+               (2, Window.failed("y")), (0, w(110.0)), (1, w(11.0))]
     agg = o.aggregate(["a", "b", "c"], [{"k": 0}, {"k": 1}, {"k": 2}], results, obj)
     assert agg["best"]["label"] == "b"                     # c has 1 of 3 windows valid: not eligible
     assert agg["indistinguishable_from_best"] == []        # a's CI is far above b's
     rows = {r["label"]: r for r in agg["configs"]}
-    assert rows["a"]["objective"] == pytest.approx(math.sqrt(100 * 120), rel=1e-3)
+    assert rows["a"]["objective"] == pytest.approx((100 * 120 * 110) ** (1 / 3), rel=1e-3)
     lo, hi = rows["b"]["objective_ci95"]
     assert 0 < lo < rows["b"]["objective"] < hi
 
