@@ -331,6 +331,8 @@ class ArmSummary:
     pairs: int = 0
     steal_cores: float = math.nan
     throughput: float = math.nan
+    #: geometric mean of p99 over rounds (the centre of p99_ci; ``p99`` is the median)
+    p99_geomean: float = math.nan
 
     def to_json(self) -> dict[str, object]:
         def f(x: float | None) -> float | None:
@@ -344,7 +346,7 @@ class ArmSummary:
                 "objective_median": f(self.objective_median),
                 "ratio_to_default": f(self.ratio),
                 "ratio_ci95": [f(self.ratio_ci[0]), f(self.ratio_ci[1])], "pairs": self.pairs,
-                "p99_ci95": [f(self.p99_ci[0]), f(self.p99_ci[1])],
+                "p99_geomean_us": f(self.p99_geomean), "p99_ci95": [f(self.p99_ci[0]), f(self.p99_ci[1])],
                 "foreign_cores": f(self.foreign_cores), "steal_cores": f(self.steal_cores),
                 "throughput": f(self.throughput),
                 "cpu_ci95": [f(self.cpu_ci[0]), f(self.cpu_ci[1])],
@@ -384,7 +386,8 @@ def summarise_arm(name: str, config: Mapping[str, KnobValue], windows: Sequence[
         objective=geo_mean(js), objective_ci=log_ci(js, level), p99_ci=log_ci(p99s, level),
         values=tuple(per_round), foreign_cores=mean_extra("foreign_cores"), cpu_ci=nonneg_ci(cpus, level),
         objective_median=statistics.median(js) if js else math.nan, ratio=ratio, ratio_ci=rci, pairs=pairs,
-        steal_cores=mean_extra("steal_cores"), throughput=statistics.median(tps) if tps else math.nan)
+        steal_cores=mean_extra("steal_cores"), throughput=statistics.median(tps) if tps else math.nan,
+        p99_geomean=geo_mean(p99s))
 
 
 def compare_interleaved(env: TrialEnv, arms: Mapping[str, Config], rounds: int, *, first_index: int,
@@ -483,13 +486,13 @@ def _fmt_ci(ci: tuple[float, float], nd: int = 1) -> str:
 
 def render_table(res: BenchResult) -> str:
     tput = any(math.isfinite(a.throughput) for a in res.arms.values())
-    rows = [("config", "p50 µs", "p99 µs", "p99 95% CI", "CPU cores", *(("req/s",) if tput else ()), "J", "J 95% CI",
+    rows = [("config", "p50 µs", "p99 µs", "CPU cores", *(("req/s",) if tput else ()), "J", "J 95% CI",
              "J/default", "ratio 95% CI", "n", "foreign CPU", "steal")]
     for n in ARMS:
         a = res.arms.get(n)
         if a is None:
             continue
-        rows.append((n, _fmt(a.p50), _fmt(a.p99), _fmt_ci(a.p99_ci), _fmt(a.cpu_cores, 2),
+        rows.append((n, _fmt(a.p50), _fmt(a.p99), _fmt(a.cpu_cores, 2),
                      *((_fmt(a.throughput, 0),) if tput else ()), _fmt(a.objective),
                      _fmt_ci(a.objective_ci), _fmt(a.ratio, 3), _fmt_ci(a.ratio_ci, 3),
                      f"{a.windows - a.failed}/{a.windows}", _fmt(a.foreign_cores, 2), _fmt(a.steal_cores, 2)))
@@ -509,8 +512,8 @@ def render_table(res: BenchResult) -> str:
         if a is not None and base is not None:
             diff = {k: v for k, v in a.config.items() if base.config.get(k) != v}
             lines.append(f"{n}: " + (", ".join(f"{k}={v}" for k, v in diff.items()) or "kernel defaults (kept)"))
-    lines.append("J = the policy's objective per window, geometric mean over rounds; CIs 95 % on the log scale; "
-                 "J/default paired per round")
+    lines.append("p50/p99: medians over rounds; J = the policy's objective per window, geometric mean over rounds; "
+                 "CIs 95 % on the log scale; J/default paired per round")
     lines.append(f"verdict: {res.tuning.get('reason', '')}")
     fc = [a.foreign_cores for a in res.arms.values() if math.isfinite(a.foreign_cores)]
     if fc and max(fc) > 0.1:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import socket
 import sys
 import threading
