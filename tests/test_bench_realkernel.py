@@ -160,7 +160,9 @@ def _app_pids() -> set[tuple[int, str]]:
     import psutil
 
     out: set[tuple[int, str]] = set()
-    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+    for p in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+        if p.info.get("status") == psutil.STATUS_ZOMBIE:
+            continue  # killed, waiting for init to reap it
         cmd = " ".join(p.info.get("cmdline") or [])
         if p.info.get("name") in ("nginx", "memcached", "wrk") or "polltuned.host.kvclient" in cmd:
             out.add((int(p.info["pid"]), str(p.info.get("name"))))
@@ -251,7 +253,9 @@ def test_crashed_nginx_bench_is_cleaned_up_by_cleanup(real_kernel: None, tmp_pat
                         "--no-lock"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "knobs rolled back: yes" in r.stdout and "ptb-c" in r.stdout and "ptb-s" in r.stdout
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5                      # SIGKILL is delivered asynchronously
+    while _app_pids() != apps_before and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _app_pids() == apps_before
     assert not (state / "bench" / "bench-app").exists()
     assert _snapshot(host) == before
