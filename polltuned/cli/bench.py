@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PNG", help="draw the trials report to this file")
     p.add_argument("--json", action="store_true", help="print the result as one JSON document")
     p.add_argument("--cleanup", action="store_true",
-                   help="only undo what a crashed bench left (knobs from its journal, ptb-* namespaces), then exit")
+                   help="only undo what a crashed bench left (knobs from its journal, ptb-* namespaces and the "
+                        "servers and clients in them, the nginx/memcached directory), then exit")
     p.add_argument("--no-lock", action="store_true",
                    help=f"do not take {LOCK} (only when the caller already holds it)")
 
