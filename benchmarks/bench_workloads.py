@@ -96,6 +96,8 @@ def main() -> int:
     ap.add_argument("--max-rounds", type=int, help="comparison hard cap (default 2 x --rounds)")
     ap.add_argument("--oracle", help="oracle JSON (benchmarks/oracle.py): adds the oracle arm")
     ap.add_argument("--no-seeds", action="store_true", help="remove every 'seeds' entry from the policies")
+    ap.add_argument("--wait-quiet", type=float, metavar="S",
+                    help="before each workload wait up to S s for the machine to use <= 0.15 cores for 10 s")
     ap.add_argument("--table-only", action="store_true", help="print the table from existing OUT/*.json")
     args = ap.parse_args()
     from polltuned.bench import BenchSettings, render_table, run_bench
@@ -120,7 +122,7 @@ def main() -> int:
                 res = run_bench(BenchSettings(workload=name, budget=args.budget, compare_rounds=args.rounds,
                                               max_rounds=args.max_rounds, state_dir=out / "state", record=rec,
                                               report=out / f"{name}.png", no_seeds=args.no_seeds,
-                                              oracle=oracle),
+                                              oracle=oracle, wait_quiet_s=args.wait_quiet),
                                 host=FsHost("/"), clock=SystemClock(),
                                 progress=lambda m: print(m, file=sys.stderr, flush=True))
                 (out / f"{name}.json").write_text(json.dumps(res.to_json(), indent=1, default=str))

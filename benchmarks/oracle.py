@@ -119,13 +119,17 @@ def aggregate(labels: Sequence[str], configs: Sequence[Mapping[str, Any]], resul
 
 
 def sweep(workload: str, *, reps: int, window_s: float | None, seed: int, state_dir: Path,
-          progress: Callable[[str], None]) -> dict[str, Any]:
+          progress: Callable[[str], None], wait_quiet_s: float | None = None) -> dict[str, Any]:
     """One workload on the real kernel: the grid, interleaved and repeated; knobs restored after."""
-    from polltuned.bench import BenchSettings, bench_session
+    from polltuned.bench import BenchSettings, bench_session, wait_for_quiet
     from polltuned.clock import SystemClock
     from polltuned.host.fs import FsHost
 
     clock = SystemClock()
+    quiet = None
+    if wait_quiet_s is not None:
+        quiet, waited = wait_for_quiet(FsHost("/"), clock, timeout_s=wait_quiet_s, progress=progress)
+        progress(f"machine {'quiet' if quiet else 'still busy'} after {waited:.0f} s of waiting")
     t0 = clock.monotonic()
     settings = BenchSettings(workload=workload, window_s=window_s, state_dir=state_dir)
     with bench_session(settings, host=FsHost("/"), clock=clock, progress=progress) as sess:
@@ -165,6 +169,7 @@ def sweep(workload: str, *, reps: int, window_s: float | None, seed: int, state_
                "foreign_cores_max": round(max(foreign), 3) if foreign else None,
                "steal_cores": round(statistics.fmean(steal), 3) if steal else None}
     doc["restored"] = sess.restored
+    doc["started_quiet"] = quiet
     doc["duration_s"] = round(clock.monotonic() - t0, 1)
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return doc
@@ -178,6 +183,8 @@ def main() -> int:
     ap.add_argument("--window", type=float, help="seconds per window (default: the policy's)")
     ap.add_argument("--seed", type=int, default=0, help="shuffling seed")
     ap.add_argument("--state-dir", default="/var/lib/polltuned/oracle")
+    ap.add_argument("--wait-quiet", type=float, metavar="S",
+                    help="before each workload wait up to S s for the machine to use <= 0.15 cores for 10 s")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("oracle: needs root (namespaces, kernel knobs)", file=sys.stderr)
@@ -199,7 +206,7 @@ def main() -> int:
     try:
         for w in args.workload:
             res = sweep(w, reps=args.reps, window_s=args.window, seed=args.seed,
-                        state_dir=Path(args.state_dir), progress=progress)
+                        state_dir=Path(args.state_dir), progress=progress, wait_quiet_s=args.wait_quiet)
             doc["workloads"][w] = res
             out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
             best, base = res["best"], res["default"]

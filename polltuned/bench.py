@@ -105,6 +105,54 @@ def foreign_cores(before: Mapping[int, float], after: Mapping[int, float], elaps
     return sum(max(0.0, after[p] - before[p]) for p in before.keys() & after.keys()) / elapsed_s
 
 
+def busy_cores(before: Any, after: Any, elapsed_s: float) -> float:
+    """Pure: cores busy (every /proc/stat field but idle and iowait) between two parsed /proc/stat
+    records (polltuned.counters.stat.StatRecord) ``elapsed_s`` apart."""
+    from polltuned.counters.stat import USER_HZ
+
+    if elapsed_s <= 0:
+        return 0.0
+
+    def busy(t: Any) -> int:
+        return int(t.user + t.nice + t.system + t.irq + t.softirq + t.steal)
+
+    return max(0, busy(after.total) - busy(before.total)) / USER_HZ / elapsed_s
+
+
+def wait_for_quiet(host: Host, clock: Clock, *, max_cores: float = 0.15, hold_s: float = 10.0,
+                   timeout_s: float = 900.0, progress: Callable[[str], None] = lambda s: None) -> tuple[bool, float]:
+    """Block until the whole machine used at most ``max_cores`` for ``hold_s`` seconds in a row
+    (1 s samples of /proc/stat), or ``timeout_s`` passed. Returns (quiet, seconds waited). For
+    measurements on a shared host: other processes' CPU disturbs latency (vm-bench.md §0)."""
+    from polltuned.counters.stat import parse_stat
+
+    t0 = clock.monotonic()
+    quiet_since: float | None = None
+    prev = parse_stat(host.read_text("/proc/stat"))
+    t_prev = t0
+    last_note = t0
+    while True:
+        clock.sleep(1.0)
+        now = clock.monotonic()
+        cur = parse_stat(host.read_text("/proc/stat"))
+        cores = busy_cores(prev, cur, now - t_prev)
+        prev, t_prev = cur, now
+        if cores <= max_cores:
+            quiet_since = now if quiet_since is None else quiet_since
+            if now - quiet_since >= hold_s:
+                return True, now - t0
+        else:
+            quiet_since = None
+        if now - t0 >= timeout_s:
+            progress(f"the machine did not get quiet within {timeout_s:.0f} s (last second: {cores:.2f} cores busy); "
+                     "measuring anyway")
+            return False, now - t0
+        if now - last_note >= 30:
+            progress(f"waiting for a quiet machine: {cores:.2f} cores busy (want <= {max_cores:.2f} for "
+                     f"{hold_s:.0f} s)")
+            last_note = now
+
+
 # ---------------------------------------------------------------------------- recording env
 
 
@@ -458,6 +506,8 @@ class BenchResult:
     comparison: dict[str, object] = field(default_factory=dict)
     policy: str = ""
     tuning_s: float = math.nan
+    #: --wait-quiet: whether the machine was quiet when the run started (None: not asked)
+    started_quiet: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"v": 2, "workload": self.workload, "policy": self.policy, "world": dict(self.world),
@@ -472,6 +522,7 @@ class BenchResult:
         d["trials"] = self.trials
         d["duration_s"] = round(self.duration_s, 1)
         d["tuning_s"] = round(self.tuning_s, 1) if math.isfinite(self.tuning_s) else None
+        d["started_quiet"] = self.started_quiet
         d["restored"] = self.restored
         return d
 
@@ -578,6 +629,9 @@ class BenchSettings:
     #: an oracle JSON (benchmarks/oracle.py): its best configuration for this workload is measured
     #: as a fourth arm of the final comparison
     oracle: Path | None = None
+    #: before starting, wait at most this many seconds for the machine to be quiet (<= 0.15 cores
+    #: busy for 10 s); None: start at once
+    wait_quiet_s: float | None = None
 
     def stop_rule(self) -> StopRule:
         mx = self.max_rounds if self.max_rounds is not None else 2 * self.compare_rounds
@@ -786,9 +840,13 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
     from polltuned.study import Study
     from polltuned.tuner import Tuner
 
-    t_start = clock.monotonic()
     oracle_cfg = load_oracle(settings.oracle, settings.workload) if settings.oracle is not None else None
     rule = settings.stop_rule()
+    quiet: bool | None = None
+    if settings.wait_quiet_s is not None:
+        quiet, waited = wait_for_quiet(host, clock, timeout_s=settings.wait_quiet_s, progress=progress)
+        progress(f"machine {'quiet' if quiet else 'still busy'} after {waited:.0f} s of waiting")
+    t_start = clock.monotonic()
     owner_pid = os.getpid()
     with contextlib.ExitStack() as stack:
         try:
@@ -845,7 +903,7 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
                 workload=sess.workload.name, arms=summaries, tuning=result.to_json(), trials=trials,
                 duration_s=0.0, restored=False, knobs=sess.knobs, dropped_knobs=sess.dropped,
                 world=sess.world.describe(), deployed_is_default=deployed_is_default, comparison=comparison,
-                policy=policy.name, tuning_s=tuning_s)
+                policy=policy.name, tuning_s=tuning_s, started_quiet=quiet)
         finally:
             if os.getpid() == owner_pid:
                 progress("restoring the host: every knob back, servers stopped, namespaces removed")

@@ -281,3 +281,34 @@ def test_table_shows_ratios_and_oracle() -> None:
     assert j["arms"] == ["default", "static", "deployed", "oracle"]
     assert j["oracle"]["ratio_ci95"] == [0.07, 0.11] and j["comparison"]["rounds"] == 8
     json.dumps(j)
+
+
+class StatHost:
+    """/proc/stat whose busy ticks grow by the next value of ``busy_per_s`` per read (1 s apart)."""
+
+    def __init__(self, busy_per_s: list[float]) -> None:
+        self.busy = list(busy_per_s)
+        self.user = 0
+        self.idle = 0
+
+    def read_text(self, path: str) -> str:
+        assert path == "/proc/stat"
+        step = self.busy.pop(0) if self.busy else 0.0
+        self.user += round(step * 100)
+        self.idle += round((2 - step) * 100)
+        return (f"cpu  {self.user} 0 0 {self.idle} 0 0 0 0 0 0\ncpu0 {self.user} 0 0 {self.idle} 0 0 0 0 0 0\n"
+                "ctxt 1\nprocs_running 1\nprocs_blocked 0\n")
+
+
+def test_wait_for_quiet() -> None:
+    from polltuned.bench import wait_for_quiet
+
+    clock = FakeClock()
+    host = StatHost([0.0] + [1.5] * 5 + [0.05] * 30)       # busy for 5 s, then quiet
+    quiet, waited = wait_for_quiet(host, clock, max_cores=0.15, hold_s=10, timeout_s=100)  # type: ignore[arg-type]
+    assert quiet and 14 <= waited <= 17
+    notes: list[str] = []
+    quiet, waited = wait_for_quiet(StatHost([0.0] + [1.0] * 200), FakeClock(), hold_s=10,  # type: ignore[arg-type]
+                                   timeout_s=45, progress=notes.append)
+    assert not quiet and 45 <= waited <= 47
+    assert any("did not get quiet" in n for n in notes) and any("waiting for a quiet machine" in n for n in notes)

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", metavar="FILE",
                    help="JSON from benchmarks/oracle.py: measure its best configuration for this workload as a "
                         "fourth arm of the final comparison")
+    p.add_argument("--wait-quiet", type=float, metavar="S",
+                   help="first wait up to S seconds until the whole machine uses <= 0.15 cores for 10 s "
+                        "(other processes disturb latency); then start anyway")
     p.add_argument("--seed", type=int, help="optimiser seed (default: the policy's)")
     p.add_argument("--record", metavar="FILE", help="append every window as JSON lines (replay input)")
     p.add_argument("--report", metavar="PNG", help="draw the trials report to this file")
@@ -69,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget: must be >= 3 (got {args.budget})")
     if args.rounds < 1:
         raise UsageError(f"--rounds: must be >= 1 (got {args.rounds})")
+    if args.wait_quiet is not None and not (0 <= args.wait_quiet <= 86400):
+        raise UsageError(f"--wait-quiet: must be in [0, 86400] seconds (got {args.wait_quiet})")
     if args.max_rounds is not None and args.max_rounds < args.rounds:
         raise UsageError(f"--max-rounds: must be >= --rounds (got {args.max_rounds} < {args.rounds})")
     if args.oracle is not None and not Path(args.oracle).is_file():
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         compare_rounds=args.rounds, max_rounds=args.max_rounds, seed=args.seed,
         state_dir=Path(args.state_dir) / "bench",
         record=Path(args.record) if args.record else None, report=Path(args.report) if args.report else None,
-        no_seeds=args.no_seeds, oracle=Path(args.oracle) if args.oracle else None)
+        no_seeds=args.no_seeds, oracle=Path(args.oracle) if args.oracle else None, wait_quiet_s=args.wait_quiet)
     fd = -1
     if not args.no_lock:
         fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)
