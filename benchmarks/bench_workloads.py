@@ -69,7 +69,7 @@ def table(docs: list[dict[str, Any]]) -> str:
             ci = a["objective_ci95"]
             ci_s = f" ({ci[0]:.0f}–{ci[1]:.0f})" if ci[0] is not None and ci[1] is not None else ""
             rci = a.get("ratio_ci95") or [None, None]
-            ratio = (f"{_num(a.get('ratio_to_default'), '.2f')} ({_num(rci[0], '.2f')}–{_num(rci[1], '.2f')})"
+            ratio = (f"{_num(a.get('ratio_to_default'), '.3g')} ({_num(rci[0], '.3g')}–{_num(rci[1], '.3g')})"
                      if arm != "default" else "1")
             knobs = ""
             fc = f"{a['foreign_cores']:.2f}" if a.get("foreign_cores") is not None else "-"

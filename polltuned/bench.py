@@ -535,6 +535,15 @@ def _fmt_ci(ci: tuple[float, float], nd: int = 1) -> str:
     return f"[{_fmt(ci[0], nd)}, {_fmt(ci[1], nd)}]" if all(map(math.isfinite, ci)) else "-"
 
 
+def _fmt_ratio(x: float) -> str:
+    """Three significant digits: a 0.0036 ratio must not print as 0.004 or 0.00."""
+    return f"{x:.3g}" if math.isfinite(x) else "-"
+
+
+def _fmt_ratio_ci(ci: tuple[float, float]) -> str:
+    return f"[{_fmt_ratio(ci[0])}, {_fmt_ratio(ci[1])}]" if all(map(math.isfinite, ci)) else "-"
+
+
 def render_table(res: BenchResult) -> str:
     tput = any(math.isfinite(a.throughput) for a in res.arms.values())
     rows = [("config", "p50 µs", "p99 µs", "CPU cores", *(("req/s",) if tput else ()), "J", "J 95% CI",
@@ -545,7 +554,7 @@ def render_table(res: BenchResult) -> str:
             continue
         rows.append((n, _fmt(a.p50), _fmt(a.p99), _fmt(a.cpu_cores, 2),
                      *((_fmt(a.throughput, 0),) if tput else ()), _fmt(a.objective),
-                     _fmt_ci(a.objective_ci), _fmt(a.ratio, 3), _fmt_ci(a.ratio_ci, 3),
+                     _fmt_ci(a.objective_ci), _fmt_ratio(a.ratio), _fmt_ratio_ci(a.ratio_ci),
                      f"{a.windows - a.failed}/{a.windows}", _fmt(a.foreign_cores, 2), _fmt(a.steal_cores, 2)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     head = f"workload: {res.workload}"

@@ -274,7 +274,7 @@ def test_table_shows_ratios_and_oracle() -> None:
                       {"reason": "x"}, [], 10.0, True, ["net.core.busy_read"], {}, {}, False,
                       comparison={"rounds": 8, "stop_reason": "every arm's J within ±15%"})
     t = render_table(res)
-    assert "oracle: net.core.busy_read=25" in t and "[0.070, 0.110]" in t and "8 interleaved rounds" in t
+    assert "oracle: net.core.busy_read=25" in t and "[0.07, 0.11]" in t and "0.087" in t and "8 interleaved rounds" in t
     assert "req/s" in t and "91642" in t
     assert "req/s" not in render_table(BenchResult("single", {"default": d}, {}, [], 1.0, True, [], {}, {}, True))
     j = res.to_json()
