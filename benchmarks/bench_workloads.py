@@ -2,8 +2,11 @@
 
     sudo .venv/bin/python benchmarks/bench_workloads.py --out bench-results/  [--workload single ...]
 
-Each workload is one full bench run (default budget, 3 interleaved comparison rounds), holding the
-real-kernel lock. Per workload it writes OUT/<workload>.json (the bench's --json document) and
+Each workload is one full bench run (default budget; final comparison of >= 8 interleaved rounds,
+extended until every arm's J has a 95 % CI within ±15 %, at most 16), holding the real-kernel lock.
+Workloads: single, parallel, shared-cpu, cpu-hog (sockperf), nginx, memcached. ``--oracle FILE``
+(from benchmarks/oracle.py) adds the oracle's best configuration as a fourth arm.
+Per workload it writes OUT/<workload>.json (the bench's --json document) and
 OUT/<workload>.jsonl (--record) and OUT/<workload>.png (--report), then prints one markdown table
 over all workloads with the targets of the issue checked per row:
   * deployed p99 no worse than the defaults' (the medians of the interleaved comparison);
@@ -49,23 +52,33 @@ def verdicts(d: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _num(x: Any, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, int | float) else "-"
+
+
 def table(docs: list[dict[str, Any]]) -> str:
-    lines = ["| workload | config | p50 µs | p99 µs | p99.9 µs | CPU cores | objective J (95% CI) | foreign CPU | "
-             "deployed knobs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | config | p50 µs | p99 µs | p99.9 µs | CPU cores | objective J (95% CI) "
+             "| J / default (95% CI) | foreign CPU | knobs |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for d in docs:
         base_cfg = d["default"]["config"]
-        for arm in ("default", "static", "deployed"):
+        for arm in ("default", "static", "deployed", "oracle"):
+            if arm not in d:
+                continue
             a = d[arm]
             ci = a["objective_ci95"]
             ci_s = f" ({ci[0]:.0f}–{ci[1]:.0f})" if ci[0] is not None and ci[1] is not None else ""
+            rci = a.get("ratio_ci95") or [None, None]
+            ratio = (f"{_num(a.get('ratio_to_default'), '.3g')} ({_num(rci[0], '.3g')}–{_num(rci[1], '.3g')})"
+                     if arm != "default" else "1")
             knobs = ""
             fc = f"{a['foreign_cores']:.2f}" if a.get("foreign_cores") is not None else "-"
-            if arm == "deployed":
+            if arm in ("deployed", "oracle"):
                 diff = {k: v for k, v in a["config"].items() if base_cfg.get(k) != v}
                 knobs = ", ".join(f"{k.split(':')[-1]}={v}" for k, v in diff.items()) or "defaults kept"
-            lines.append(f"| {d['workload']} | {arm} | {a['p50_us']:.1f} | {a['p99_us']:.1f} | {a['p999_us']:.0f} | "
-                         f"{a['cpu_cores']:.2f} | {a['objective']:.1f}{ci_s} | {fc} | {knobs} |")
+            lines.append(f"| {d['workload']} | {arm} | {_num(a['p50_us'], '.1f')} | {_num(a['p99_us'], '.1f')} | "
+                         f"{_num(a['p999_us'], '.0f')} | {_num(a['cpu_cores'], '.2f')} | "
+                         f"{_num(a['objective'], '.1f')}{ci_s} | {ratio} | {fc} | {knobs} |")
     lines.append("")
     for d in docs:
         v = verdicts(d)
@@ -79,7 +92,12 @@ def main() -> int:
     ap.add_argument("--out", default="bench-results", help="directory for per-workload JSON (default bench-results)")
     ap.add_argument("--workload", action="append", help="only these workloads (repeatable)")
     ap.add_argument("--budget", type=int, help="search windows (default: the policy's)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=8, help="minimum comparison rounds (default 8)")
+    ap.add_argument("--max-rounds", type=int, help="comparison hard cap (default 2 x --rounds)")
+    ap.add_argument("--oracle", help="oracle JSON (benchmarks/oracle.py): adds the oracle arm")
+    ap.add_argument("--no-seeds", action="store_true", help="remove every 'seeds' entry from the policies")
+    ap.add_argument("--wait-quiet", type=float, metavar="S",
+                    help="before each workload wait up to S s for the machine to use <= 0.15 cores for 10 s")
     ap.add_argument("--table-only", action="store_true", help="print the table from existing OUT/*.json")
     args = ap.parse_args()
     from polltuned.bench import BenchSettings, render_table, run_bench
@@ -98,9 +116,13 @@ def main() -> int:
                 t0 = time.monotonic()
                 rec = out / f"{name}.jsonl"
                 rec.unlink(missing_ok=True)
+                oracle = Path(args.oracle) if args.oracle else None
+                if oracle is not None and name not in json.loads(oracle.read_text()).get("workloads", {}):
+                    oracle = None
                 res = run_bench(BenchSettings(workload=name, budget=args.budget, compare_rounds=args.rounds,
-                                              state_dir=out / "state", record=rec,
-                                              report=out / f"{name}.png"),
+                                              max_rounds=args.max_rounds, state_dir=out / "state", record=rec,
+                                              report=out / f"{name}.png", no_seeds=args.no_seeds,
+                                              oracle=oracle, wait_quiet_s=args.wait_quiet),
                                 host=FsHost("/"), clock=SystemClock(),
                                 progress=lambda m: print(m, file=sys.stderr, flush=True))
                 (out / f"{name}.json").write_text(json.dumps(res.to_json(), indent=1, default=str))

@@ -61,7 +61,8 @@ if [ "$mode" = setup ]; then
   exit 0
 fi
 
-apt_pkgs=(python3 python3-venv python3-dev gcc libsystemd-dev pkg-config iproute2 ethtool sockperf stress-ng procps)
+apt_pkgs=(python3 python3-venv python3-dev gcc libsystemd-dev pkg-config iproute2 ethtool sockperf stress-ng procps
+          nginx wrk memcached)
 # the dev extras: systemd-nspawn boots a real systemd for tests/test_systemd_container.py
 if [ "$mode" = dev ]; then apt_pkgs+=(systemd-container); fi
 missing=()

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from polltuned.bench import (
     ArmSummary,
@@ -74,9 +76,11 @@ def test_summarise_arm_and_ci() -> None:
     s = summarise_arm("static", {"x": 1}, ws, obj)
     assert s.windows == 4 and s.failed == 1
     assert s.p99 == 22.0 and s.cpu_cores == 1.0
-    assert s.objective == pytest.approx(22.0 * 1.5)
+    assert s.objective == pytest.approx(1.5 * (20.0 * 22.0 * 24.0) ** (1 / 3))   # geometric mean of J
+    assert s.objective_median == pytest.approx(22.0 * 1.5)
+    assert s.values == (30.0, 33.0, 36.0, None)
     lo, hi = s.objective_ci
-    assert lo < 33.0 < hi
+    assert 0 < lo < s.objective < hi
     assert math.isnan(mean_ci([1.0])[0])
     lo2, hi2 = mean_ci([1.0, 2.0, 3.0])
     assert lo2 == pytest.approx(2.0 - 4.303 * 1.0 / math.sqrt(3), rel=1e-3)
@@ -136,3 +140,175 @@ def test_render_table_and_json() -> None:
     for arm in ("default", "static", "deployed"):
         assert isinstance(d[arm]["objective"], float)
     assert d["workload"] == "single" and d["restored"] is True
+
+
+# ---------------------------------------------------------------------------- comparison statistics
+
+
+def test_log_ci_is_positive_where_the_t_interval_goes_negative() -> None:
+    from polltuned.bench import geo_mean, log_ci, nonneg_ci
+
+    xs = [1.0, 50.0, 2.0]                      # very noisy: the plain t interval dips below zero
+    assert mean_ci(xs)[0] < 0
+    lo, hi = log_ci(xs)
+    assert 0 < lo < geo_mean(xs) < hi
+    assert geo_mean([2.0, 8.0]) == pytest.approx(4.0)
+    assert math.isnan(log_ci([5.0])[0]) and math.isnan(log_ci([0.0, -1.0])[0])
+    assert nonneg_ci([0.0, 0.1, 0.5])[0] == 0.0            # a zero CPU reading: clipped, not log
+    assert nonneg_ci([0.2, 0.4])[0] > 0
+
+
+@given(hst.lists(hst.floats(min_value=1e-6, max_value=1e9, allow_nan=False), min_size=2, max_size=30))
+@settings(max_examples=200, deadline=None)
+def test_log_ci_never_negative_property(xs: list[float]) -> None:
+    from polltuned.bench import geo_mean, log_ci
+
+    lo, hi = log_ci(xs)
+    g = geo_mean(xs)
+    assert lo > 0 and hi > 0
+    assert lo <= g * (1 + 1e-9) and g <= hi * (1 + 1e-9)
+
+
+def test_paired_ratios_cancel_round_effects() -> None:
+    from polltuned.bench import paired_log_ratios, ratio_ci
+
+    # round effects x1, x3, x0.5 hit both arms; the arm is always half the default
+    base = [100.0, 300.0, 50.0, 80.0]
+    arm: list[float | None] = [50.0, 150.0, 25.0, None]     # last round's window failed: no pair
+    lr = paired_log_ratios(arm, base)
+    assert len(lr) == 3 and all(x == pytest.approx(math.log(0.5)) for x in lr)
+    r, (lo, hi) = ratio_ci(lr)
+    assert r == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+    # unpaired, the same data would be hopeless: the arm's spread covers the default's
+    r2, (lo2, hi2) = ratio_ci(paired_log_ratios([50.0, 110.0, 25.0], [100.0, 100.0, 50.0]))
+    assert 0 < lo2 < r2 < hi2
+    assert math.isnan(ratio_ci([])[0])
+
+
+def test_stopping_rule() -> None:
+    from polltuned.bench import StopRule, comparison_done
+
+    rule = StopRule(min_rounds=3, max_rounds=6, rel_halfwidth=0.15)
+    tight = {"default": [100.0, 101.0, 99.0], "static": [50.0, 50.5, 49.5]}
+    assert comparison_done({k: v[:2] for k, v in tight.items()}, rule)[0] is False     # below min_rounds
+    ok, why = comparison_done(tight, rule)
+    assert ok and "every arm" in why
+    noisy: dict[str, list[float | None]] = {"default": [100.0, 101.0, 99.0], "static": [10.0, 80.0, 30.0]}
+    ok, why = comparison_done(noisy, rule)
+    assert not ok and why.startswith("static")
+    capped: dict[str, list[float | None]] = {"default": [100.0] * 6, "static": [10.0, 80.0, 30.0, 5.0, 90.0, 20.0]}
+    ok, why = comparison_done(capped, rule)
+    assert ok and "hard cap of 6" in why and "static" in why
+    failed: dict[str, list[float | None]] = {"default": [100.0, 100.0, 100.0], "static": [None, None, None]}
+    assert comparison_done(failed, rule)[0] is False                      # no J at all is not "tight"
+    with pytest.raises(ValueError):
+        StopRule(min_rounds=5, max_rounds=4)
+
+
+class NoisyEnv(FakeEnv):
+    """busy_read 50 gives p99 ~20, default ~200; ``noise`` multiplies every window of one round."""
+
+    def __init__(self, factors: list[float]) -> None:
+        super().__init__()
+        self.factors = factors
+        self.n = 0
+
+    def measure(self, window_index: int) -> Window:
+        w = super().measure(window_index)
+        f = self.factors[(self.n // 2) % len(self.factors)]
+        self.n += 1
+        return Window(ok=True, latency={k: v * f for k, v in w.latency.items()}, cpu_cores=w.cpu_cores)
+
+
+def test_run_comparison_stops_early_when_tight_and_caps_when_noisy() -> None:
+    from polltuned.bench import StopRule, run_comparison, summarise_comparison
+
+    obj = Objective(statistic="p99", combine="latency", cpu_weight=0.0)
+    arms: dict[str, Config] = {"default": {"net.core.busy_read": 0}, "static": {"net.core.busy_read": 50}}
+    rule = StopRule(min_rounds=3, max_rounds=8, rel_halfwidth=0.15)
+    wins, why = run_comparison(NoisyEnv([1.0, 1.02, 0.98]), arms, obj, rule, first_index=0)
+    assert all(len(v) == 3 for v in wins.values()) and "every arm" in why
+    wins2, why2 = run_comparison(NoisyEnv([1.0, 3.0, 0.4, 2.0]), arms, obj, rule, first_index=0)
+    assert all(len(v) == 8 for v in wins2.values()) and "hard cap of 8" in why2
+    # round effects are shared by both arms of a round: the paired ratio stays exact (rounds 2.. rotate order,
+    # so a round's two windows see the same factor only per pair of measurements; the env pairs them by count)
+    s = summarise_comparison(arms, wins2, obj)
+    assert s["default"].ratio == pytest.approx(1.0) and s["default"].ratio_ci == (1.0, 1.0)
+    assert s["static"].pairs == 8 and s["static"].ratio == pytest.approx(0.1, rel=1e-6)
+    assert s["static"].ratio_ci[0] == pytest.approx(0.1, rel=1e-6)
+    lo, hi = s["default"].objective_ci
+    assert lo > 0 and (hi - lo) / 2 / s["default"].objective > 0.15      # each arm alone is noisy
+
+
+def test_strip_seeds_and_probe_fit() -> None:
+    from types import SimpleNamespace
+
+    from polltuned.bench import bench_probe_config, strip_seeds
+    from polltuned.policy.loader import load_policy
+    from polltuned.policy.schema import CommandProbe, SockperfProbe
+    from polltuned.worlds.default import WORKLOADS, WorldConfig
+
+    pol = load_policy("bench", nic="ptb-s/ptbs")
+    assert pol.knobs["net.core.busy_read"].seeds == [50]
+    assert all(not k.seeds for k in strip_seeds(pol).knobs.values())
+    world = SimpleNamespace(config=WorldConfig(), client_cpus=(0,), server_cpus=(1,))
+    sp = bench_probe_config(pol, WORKLOADS["parallel"], world)
+    assert isinstance(sp, SockperfProbe) and sp.sessions == 4 and sp.netns == "ptb-c" and sp.restart_server
+    ng = load_policy("bench-nginx", nic="ptb-s/ptbs")
+    cp = bench_probe_config(ng, WORKLOADS["nginx"], world)
+    assert isinstance(cp, CommandProbe) and cp.netns == "ptb-c" and cp.cpus == [0]
+    from polltuned.errors import UsageError
+
+    with pytest.raises(UsageError, match="needs a sockperf probe"):
+        bench_probe_config(ng, WORKLOADS["single"], world)
+    with pytest.raises(UsageError, match="command probe"):
+        bench_probe_config(pol, WORKLOADS["memcached"], world)
+
+
+def test_table_shows_ratios_and_oracle() -> None:
+    d = _arm("default", 200.0, 230.0)
+    o = ArmSummary(**{**_arm("oracle", 15.0, 20.0).__dict__, "config": {"net.core.busy_read": 25},
+                      "ratio": 0.087, "ratio_ci": (0.07, 0.11), "throughput": 91642.4})
+    res = BenchResult("nginx", {"default": d, "static": _arm("static", 17.0, 25.0),
+                                "deployed": _arm("deployed", 16.0, 24.0), "oracle": o},
+                      {"reason": "x"}, [], 10.0, True, ["net.core.busy_read"], {}, {}, False,
+                      comparison={"rounds": 8, "stop_reason": "every arm's J within ±15%"})
+    t = render_table(res)
+    assert "oracle: net.core.busy_read=25" in t and "[0.07, 0.11]" in t and "0.087" in t and "8 interleaved rounds" in t
+    assert "req/s" in t and "91642" in t
+    assert "req/s" not in render_table(BenchResult("single", {"default": d}, {}, [], 1.0, True, [], {}, {}, True))
+    j = res.to_json()
+    assert j["arms"] == ["default", "static", "deployed", "oracle"]
+    assert j["oracle"]["ratio_ci95"] == [0.07, 0.11] and j["comparison"]["rounds"] == 8
+    json.dumps(j)
+
+
+class StatHost:
+    """/proc/stat whose busy ticks grow by the next value of ``busy_per_s`` per read (1 s apart)."""
+
+    def __init__(self, busy_per_s: list[float]) -> None:
+        self.busy = list(busy_per_s)
+        self.user = 0
+        self.idle = 0
+
+    def read_text(self, path: str) -> str:
+        assert path == "/proc/stat"
+        step = self.busy.pop(0) if self.busy else 0.0
+        self.user += round(step * 100)
+        self.idle += round((2 - step) * 100)
+        return (f"cpu  {self.user} 0 0 {self.idle} 0 0 0 0 0 0\ncpu0 {self.user} 0 0 {self.idle} 0 0 0 0 0 0\n"
+                "ctxt 1\nprocs_running 1\nprocs_blocked 0\n")
+
+
+def test_wait_for_quiet() -> None:
+    from polltuned.bench import wait_for_quiet
+
+    clock = FakeClock()
+    host = StatHost([0.0] + [1.5] * 5 + [0.05] * 30)       # busy for 5 s, then quiet
+    quiet, waited = wait_for_quiet(host, clock, max_cores=0.15, hold_s=10, timeout_s=100)  # type: ignore[arg-type]
+    assert quiet and 14 <= waited <= 17
+    notes: list[str] = []
+    quiet, waited = wait_for_quiet(StatHost([0.0] + [1.0] * 200), FakeClock(), hold_s=10,  # type: ignore[arg-type]
+                                   timeout_s=45, progress=notes.append)
+    assert not quiet and 45 <= waited <= 47
+    assert any("did not get quiet" in n for n in notes) and any("waiting for a quiet machine" in n for n in notes)

@@ -154,3 +154,108 @@ def test_sigint_and_sigterm_restore_everything(real_kernel: None, tmp_path: Path
         assert changed or any("apply" in s for s in seen), "".join(seen)[-2000:]
         assert proc.returncode != 0
         assert _snapshot(host) == before, f"{sig.name}: not restored\n{rest[-2000:]}"
+
+
+def _app_pids() -> set[tuple[int, str]]:
+    import psutil
+
+    out: set[tuple[int, str]] = set()
+    for p in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+        if p.info.get("status") == psutil.STATUS_ZOMBIE:
+            continue  # killed, waiting for init to reap it
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if p.info.get("name") in ("nginx", "memcached", "wrk") or "polltuned.host.kvclient" in cmd:
+            out.add((int(p.info["pid"]), str(p.info.get("name"))))
+    return out
+
+
+@pytest.mark.realkernel
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workload", ["nginx", "memcached"])
+def test_real_bench_application_workloads(real_kernel: None, tmp_path: Path, workload: str) -> None:
+    """A tiny `polltuned bench --workload nginx|memcached`: the long-running server is measured by
+    the command probe; afterwards every knob, namespace, process and file of the world is gone."""
+    need = {"nginx": ("nginx", "wrk"), "memcached": ("memcached",)}[workload]
+    for tool in (*need, "sockperf", "ethtool", "ip", "ss"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed")
+    host = FsHost("/")
+    before = _snapshot(host)
+    apps_before = _app_pids()
+    settings = BenchSettings(workload=workload, budget=4, window_s=1.0, compare_rounds=1, max_rounds=1,
+                             confirm_pairs=2, state_dir=tmp_path / "state")
+    res = run_bench(settings, host=host, clock=SystemClock())
+
+    assert _snapshot(host) == before, "a knob or namespace was not restored"
+    assert _app_pids() == apps_before, "a server or client was left running"
+    assert not (tmp_path / "state" / "bench-app").exists() and not (tmp_path / "state" / "bench-world.json").exists()
+    assert res.restored
+    d = json.loads(json.dumps(res.to_json()))
+    assert d["policy"] == f"bench-{workload}" and d["world"]["app"] == workload
+    assert d["comparison"]["rounds"] == 1 and "hard cap" in d["comparison"]["stop_reason"]
+    for arm in ("default", "static", "deployed"):
+        a = d[arm]
+        assert a["windows"] == 1 and a["failed"] == 0, a
+        assert a["p99_us"] > 0 and a["objective"] > 0 and a["throughput"] > 0
+    assert d["static"]["config"]["net.core.busy_poll"] == 50
+    ok = [t for t in d["trials"] if t["window"]["ok"]]
+    assert len(ok) >= 3
+    assert render_table(res).count("\n") >= 6
+
+
+@pytest.mark.realkernel
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_crashed_nginx_bench_is_cleaned_up_by_cleanup(real_kernel: None, tmp_path: Path) -> None:
+    """SIGKILL an nginx bench after its first knob write (nginx running in ptb-s, its config in the
+    state dir); `polltuned bench --cleanup` kills the orphaned nginx, removes the namespaces and the
+    application directory, and rolls the knobs back."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    for tool in ("nginx", "wrk", "sockperf"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed")
+    host = FsHost("/")
+    before = _snapshot(host)
+    apps_before = _app_pids()
+    state = tmp_path / "st"
+    env = {**os.environ, "POLLTUNED_TEST_PAUSE_AFTER": "write:1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polltuned", "--state-dir", str(state), "bench", "--no-lock", "--workload", "nginx",
+         "--budget", "4", "--window", "1", "--rounds", "1"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"bench exited before its first write: {proc.stderr.read().decode()[-2000:]}"
+                            if proc.stderr else "bench exited early")
+            if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("bench never reached its first knob write")
+        assert any(name == "nginx" for _, name in _app_pids() - apps_before), "nginx should be running"
+        assert (state / "bench" / "bench-app" / "nginx.conf").exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        if proc.stderr:
+            proc.stderr.close()
+    assert any(name == "nginx" for _, name in _app_pids() - apps_before), "the killed bench orphaned nginx"
+    r = subprocess.run([sys.executable, "-m", "polltuned", "--state-dir", str(state), "bench", "--cleanup",
+                        "--no-lock"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "knobs rolled back: yes" in r.stdout and "ptb-c" in r.stdout and "ptb-s" in r.stdout
+    deadline = time.monotonic() + 5                      # SIGKILL is delivered asynchronously
+    while _app_pids() != apps_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _app_pids() == apps_before
+    assert not (state / "bench" / "bench-app").exists()
+    assert _snapshot(host) == before

@@ -13,13 +13,14 @@ from polltuned.clock import FakeClock
 from polltuned.daemon.render import render_status
 from polltuned.daemon.statusdoc import build_status
 from polltuned.daemon.wiring import build_daemon
-from polltuned.engine.builder import inert_knobs, prepare_policy, probe_opens_fresh_sockets
+from polltuned.engine.builder import inert_knobs, prepare_policy
 from polltuned.engine.phases import Phase
 from polltuned.engine.reference import ReferenceSeries
 from polltuned.engine.tuner import Tuner
 from polltuned.knobs.keys import Effect, parse_key
 from polltuned.policy.loader import load_policy, policy_from_dict
 from polltuned.policy.schema import Policy
+from polltuned.probes.factory import probe_opens_fresh_sockets
 from polltuned.probes.sim import make_fake_host_tree
 from polltuned.study import Study
 from polltuned.worlds.env import ScenarioEnv, default_config
@@ -126,12 +127,12 @@ def test_busy_read_is_not_tuned_when_the_probe_cannot_see_new_sockets() -> None:
             "knobs": {"net.core.busy_read": {"min": 0, "max": 200, "zero_is_off": True},
                       "net.core.busy_poll": {"min": 0, "max": 200, "zero_is_off": True}}}
     rtt = policy_from_dict({**base, "probe": {"kind": "tcp_rtt", "port": 443}})
-    assert not probe_opens_fresh_sockets(rtt)
+    assert not probe_opens_fresh_sockets(rtt.probe)
     assert set(inert_knobs(rtt)) == {"net.core.busy_read"}
     kept, dropped = prepare_policy(rtt)
     assert set(kept.knobs) == {"net.core.busy_poll"} and "sockets created afterwards" in dropped["net.core.busy_read"]
     fresh = policy_from_dict({**base, "probe": {"kind": "sockperf"}})
-    assert probe_opens_fresh_sockets(fresh) and inert_knobs(fresh) == {}
+    assert probe_opens_fresh_sockets(fresh.probe) and inert_knobs(fresh) == {}
     stale = policy_from_dict({**base, "probe": {"kind": "sockperf", "restart_server": False}})
     assert set(inert_knobs(stale)) == {"net.core.busy_read"}
 

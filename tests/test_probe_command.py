@@ -32,7 +32,7 @@ def test_regex_named_groups_with_map_and_scale() -> None:
     from polltuned.probes.command import statistics_to_window
 
     stats = extract_statistics(cfg, REDIS_OUT)
-    w = statistics_to_window(stats, cfg.unit_scale_us, 1.0)
+    w = statistics_to_window(stats, 1.0)
     assert w.latency["p99"] == pytest.approx(511.0)
     assert w.latency["p50"] == pytest.approx(279.0)
     assert w.throughput_pps == pytest.approx(98135.43)
@@ -54,7 +54,7 @@ def test_single_number_is_every_latency_statistic() -> None:
     from polltuned.probes.command import statistics_to_window
 
     cfg = Cfg(argv=["x"], json_path="$.result")
-    w = statistics_to_window(extract_statistics(cfg, '{"result": 42}'), 1.0, 1.0)
+    w = statistics_to_window(extract_statistics(cfg, '{"result": 42}'), 1.0)
     assert w.latency["p99"] == w.latency["p50"] == 42.0
 
 

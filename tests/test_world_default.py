@@ -85,6 +85,8 @@ class ScriptRunner:
         elif a[:2] == ("sockperf", "ping-pong"):
             self.napi += self.napi_delta
             out = "sockperf: Summary: Round trip is 50.0 usec"
+        elif a[0] == "ss":
+            out = "LISTEN 0 511 198.18.230.2:8080 0.0.0.0:*\nLISTEN 0 1024 198.18.230.2:11211 0.0.0.0:*\n"
         return ExecResult(a, 0, out, "")
 
     def spawn(self, argv: Sequence[str], *, netns: str | None = None,
@@ -173,7 +175,7 @@ def test_teardown_is_a_noop_in_a_forked_child(tmp_path: Path) -> None:
 
 
 def test_layouts_and_checks() -> None:
-    assert set(WORKLOADS) == {"single", "parallel", "shared-cpu", "cpu-hog"}
+    assert set(WORKLOADS) == {"single", "parallel", "shared-cpu", "cpu-hog", "nginx", "memcached"}
     assert WORKLOADS["parallel"].sessions == 4
     assert WORKLOADS["shared-cpu"].client_cpus == WORKLOADS["shared-cpu"].server_cpus == (0,)
     assert clamp_cpus((0, 1), 1) == (0,)
@@ -191,3 +193,23 @@ def test_parse_napi_packets() -> None:
     assert parse_napi_packets(ETHTOOL_S.format(n=17)) == 17
     with pytest.raises(HostError, match="xdp_packets"):
         parse_napi_packets("NIC statistics:\n     rx_packets: 5\n")
+
+
+@pytest.mark.parametrize("workload", ["nginx", "memcached"])
+def test_application_workload_setup_and_teardown(tmp_path: Path, workload: str) -> None:
+    """setup() checks NAPI with sockperf first, then starts the server once, in ptb-s on CPU1, and
+    waits until it listens; teardown() stops it and removes its directory and the namespaces."""
+    r = ScriptRunner(tmp_path)
+    w = _world(tmp_path, r, workload)
+    w.setup()
+    names = [p.argv[0] for p, _, _ in r.spawned]
+    assert names == ["sockperf", workload]                 # the NAPI check's server, then the app
+    app, netns, cpus = r.spawned[1]
+    assert netns == "ptb-s" and list(cpus or []) == [1] and app.alive
+    assert any(a[0] == "ss" for a, _ in r.calls)
+    marker = json.loads((tmp_path / "state" / MARKER).read_text())
+    assert marker["app_dir"] == str(tmp_path / "state" / "bench-app")
+    assert w.describe()["app"] == workload and w.describe()["app_port"] in (8080, 11211)
+    w.teardown()
+    assert not app.alive and w.leftovers() == []
+    assert not (tmp_path / "state" / "bench-app").exists() and not (tmp_path / "state" / MARKER).exists()

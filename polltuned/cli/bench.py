@@ -1,9 +1,11 @@
 """``polltuned bench``: tune this host's real knobs on the embedded netns + veth + sockperf world.
 
 Needs root. Creates ``ptb-c``/``ptb-s`` with a veth pair (198.18.230.0/24), runs the real engine on
-the real host knobs with the shipped ``bench`` policy, compares kernel defaults, tuned's static
-busy_read=busy_poll=50 and the deployed configuration interleaved, prints the table, and always
-restores every knob and removes the namespaces (also on failure and Ctrl-C).
+the real host knobs with the workload's shipped policy (``bench``; ``bench-nginx`` and
+``bench-memcached`` for the application workloads), compares kernel defaults, tuned's static
+busy_read=busy_poll=50, the deployed configuration (and with ``--oracle`` the oracle's best)
+interleaved, prints the table with 95 % CIs, and always restores every knob, stops the servers and
+removes the namespaces (also on failure and Ctrl-C).
 """
 
 from __future__ import annotations
@@ -27,20 +29,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from polltuned.worlds.default import WORKLOADS
 
     p.add_argument("--workload", default="single", choices=list(WORKLOADS),
-                   help="single (default), parallel, shared-cpu, cpu-hog")
-    p.add_argument("--policy", default="bench", metavar="NAME|FILE", help="policy (default: the shipped 'bench')")
+                   help="single (default), parallel, shared-cpu, cpu-hog (sockperf); nginx (nginx + wrk); "
+                        "memcached (memcached + polltuned's closed-loop GET client)")
+    p.add_argument("--policy", metavar="NAME|FILE",
+                   help="policy (default: the workload's: bench, bench-nginx or bench-memcached)")
+    p.add_argument("--no-seeds", action="store_true", help="remove every 'seeds' entry from the policy")
     p.add_argument("--budget", type=int_range(3, 10_000), metavar="N",
                    help="search windows, 3..10000 (default: the policy's)")
     p.add_argument("--window", type=finite_float(0, 3600), metavar="S",
                    help="seconds per window, > 0 and <= 3600 (default: the policy's)")
-    p.add_argument("--rounds", type=int_range(1, 100), default=3, metavar="N",
-                   help="interleaved rounds of the final default/static/deployed comparison, 1..100 (default 3)")
+    p.add_argument("--rounds", type=int_range(1, 100), default=8, metavar="N",
+                   help="at least N interleaved rounds of the final comparison, 1..100 (default 8); more, up "
+                        "to --max-rounds, until every arm's 95%% CI of J is within ±15%%")
+    p.add_argument("--max-rounds", type=int_range(1, 200), metavar="N",
+                   help="hard cap on comparison rounds (default 2 x --rounds)")
+    p.add_argument("--oracle", metavar="FILE",
+                   help="JSON from benchmarks/oracle.py: measure its best configuration for this workload as a "
+                        "fourth arm of the final comparison")
+    p.add_argument("--wait-quiet", type=finite_float(0, 86400), metavar="S",
+                   help="first wait up to S seconds until the whole machine uses <= 0.15 cores for 10 s "
+                        "(other processes disturb latency); then start anyway")
     p.add_argument("--seed", type=SEED, metavar="N", help="optimiser seed, 0..2^32-1 (default: the policy's)")
     p.add_argument("--record", metavar="FILE", help="append every window as JSON lines (replay input)")
     p.add_argument("--report", metavar="PNG", help="draw the trials report to this file")
     p.add_argument("--json", action="store_true", help="print the result as one JSON document")
     p.add_argument("--cleanup", action="store_true",
-                   help="only undo what a crashed bench left (knobs from its journal, ptb-* namespaces), then exit")
+                   help="only undo what a crashed bench left (knobs from its journal, ptb-* namespaces and the "
+                        "servers and clients in them, the nginx/memcached directory), then exit")
     p.add_argument("--no-lock", action="store_true",
                    help=f"do not take {LOCK} (only when the caller already holds it)")
 
@@ -58,10 +73,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget: must be >= 3 (got {args.budget})")
     if args.rounds < 1:
         raise UsageError(f"--rounds: must be >= 1 (got {args.rounds})")
+    if args.wait_quiet is not None and not (0 <= args.wait_quiet <= 86400):
+        raise UsageError(f"--wait-quiet: must be in [0, 86400] seconds (got {args.wait_quiet})")
+    if args.max_rounds is not None and args.max_rounds < args.rounds:
+        raise UsageError(f"--max-rounds: must be >= --rounds (got {args.max_rounds} < {args.rounds})")
+    if args.oracle is not None and not Path(args.oracle).is_file():
+        raise UsageError(f"--oracle: no such file (got {args.oracle})")
     settings = BenchSettings(
         workload=args.workload, policy=args.policy, budget=args.budget, window_s=args.window,
-        compare_rounds=args.rounds, seed=args.seed, state_dir=Path(args.state_dir) / "bench",
-        record=Path(args.record) if args.record else None, report=Path(args.report) if args.report else None)
+        compare_rounds=args.rounds, max_rounds=args.max_rounds, seed=args.seed,
+        state_dir=Path(args.state_dir) / "bench",
+        record=Path(args.record) if args.record else None, report=Path(args.report) if args.report else None,
+        no_seeds=args.no_seeds, oracle=Path(args.oracle) if args.oracle else None, wait_quiet_s=args.wait_quiet)
     fd = -1
     if not args.no_lock:
         fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)

@@ -32,21 +32,12 @@ from polltuned.study import Study
 log = logging.getLogger("polltuned.engine")
 
 
-def probe_opens_fresh_sockets(policy: Policy) -> bool:
-    """Does every window measure sockets created after the knobs were written?"""
-    cfg = policy.probe
-    if cfg.kind == "sockperf":
-        return bool(cfg.restart_server)
-    if cfg.kind == "sim":
-        return True
-    return bool(getattr(cfg, "fresh_sockets", False))
-
-
 def inert_knobs(policy: Policy) -> dict[str, str]:
     """Knobs this policy's probe cannot see, with the reason (one line each)."""
     from polltuned.knobs.keys import Effect, parse_key
+    from polltuned.probes.factory import probe_opens_fresh_sockets
 
-    if probe_opens_fresh_sockets(policy):
+    if probe_opens_fresh_sockets(policy.probe):
         return {}
     out: dict[str, str] = {}
     for key in policy.knobs:

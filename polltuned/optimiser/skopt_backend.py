@@ -2,7 +2,7 @@
 
 Proposals, in order:
 
-1. **A space-filling start** of ``max(initial_points, knobs + 2)`` points (``Space.space_filling``:
+1. **A space-filling start** of ``max(initial_points, min(knobs + 2, 8))`` points (``Space.space_filling``:
    scrambled Sobol for switches and categories, values stratified per knob) over every knob's whole
    range, switches on and off; the host's own values are never the centre of anything.
 2. **Bayesian optimisation**: a scikit-optimize ``GaussianProcessRegressor`` (ConstantKernel x
@@ -83,7 +83,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         self._bad: list[np.ndarray] = []
         self._body_theta: np.ndarray | None = None
         base = self._base_key
-        n_design = max(initial_points, len(space.dims) + 2)
+        n_design = max(initial_points, min(len(space.dims) + 2, 8))
         self._design = [c for c in space.space_filling(n_design, seed) if space.key_of(c) != base]
         self._seeds = space.seed_configs(self.baseline)
 

@@ -119,15 +119,32 @@ class PrometheusProbe(_ProbeBase):
 
 
 class CommandProbe(_ProbeBase):
+    """Run ``argv`` once per window and read the statistics it prints (regex or JSON path).
+
+    ``argv`` may use ``{window_s}`` (the window length in seconds), ``{window_s_int}`` (the same
+    rounded to whole seconds, at least 1: ``wrk -d {window_s_int}s``) and ``{python}`` (the Python
+    interpreter running polltuned, for clients shipped with it).
+    ``netns`` / ``cpus`` run the command inside a network namespace / pinned to CPUs.
+    ``fresh_sockets`` declares whether the sockets whose latency this probe measures are created
+    fresh in every window (a client *and* server started per window: busy_read, which is copied
+    into a socket at creation, acts on them). A long-running server measured by a fresh client
+    (nginx + wrk, memcached + a client) is ``false``: its accepted sockets are cloned from a
+    listener created before the change.
+    """
+
     kind: Literal["command"] = "command"
     argv: list[str] = Field(min_length=1)
+    netns: str | None = None
+    cpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    fresh_sockets: bool = False
     regex: str | None = None
     json_path: str | None = None
     statistic_map: dict[str, str] = Field(
         default_factory=dict,
         description="statistic name (p50, p99, ...) -> regex group name or JSON path; overrides regex/json_path",
     )
-    unit_scale_us: float = Field(1.0, gt=0)
+    unit_scale_us: float = Field(
+        1.0, gt=0, description="µs per unit of a latency printed without a unit (numbers with us/ms/s are converted)")
     timeout_s: float = Field(120.0, gt=0)
 
     @model_validator(mode="after")

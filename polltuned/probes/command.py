@@ -1,15 +1,24 @@
 """command probe: run the user's own benchmark each window and take the numbers it prints.
 
-How users plug in their own workload (redis-benchmark, memtier_benchmark, wrk, ...). Each window runs
-``argv`` once (bounded by ``timeout_s``) and extracts statistics:
+How users plug in their own workload (wrk, redis-benchmark, memtier_benchmark, ...). Each window
+runs ``argv`` once (bounded by ``timeout_s``; inside ``netns`` and pinned to ``cpus`` when given)
+and extracts statistics:
 
 * ``regex``: named groups whose names are statistics (``(?P<p99>[\\d.]+)``); or, with
   ``statistic_map``, statistic -> group name. A regex with one unnamed group names one number.
 * ``json_path``: the output is JSON; ``$.a.b[0].c`` names one number.
 * ``statistic_map`` without regex/json_path: statistic -> JSON path (when the output is JSON).
 
-Statistics named p50/p90/p99/p999/mean/max are latencies (multiplied by ``unit_scale_us`` to get µs);
-``throughput`` / ``throughput_pps`` fill Window.throughput_pps; other names go to Window.extra.
+Placeholders in ``argv``: ``{window_s}`` is the window length in seconds (``--duration {window_s}``),
+``{window_s_int}`` the same rounded to whole seconds, at least 1 (for tools that take only whole
+seconds: wrk ``-d {window_s_int}s``), ``{python}`` the interpreter running polltuned (for the
+clients shipped with it, e.g. ``{python} -m polltuned.host.kvclient``).
+
+Statistics named p50/p90/p99/p999/mean/max are latencies, reported in µs. A value may carry its
+unit, as wrk prints them (``84.00us``, ``1.68ms``, ``2.01s``; also ``ns``, ``µs``, ``m``, ``h``):
+it is converted; a bare number is multiplied by ``unit_scale_us``. ``throughput`` /
+``throughput_pps`` fill Window.throughput_pps; other names go to Window.extra; those may carry a
+metric suffix (``92.40k``, ``1.2M``, ``3G``).
 One unnamed number (single group or plain json_path) is the workload's latency figure: it is reported
 under every latency statistic, so any objective statistic scores that same number.
 A non-zero exit, a timeout, unparsable output or no match is a failed window with the reason.
@@ -21,7 +30,8 @@ import json
 import logging
 import math
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from polltuned.clock import Clock
@@ -33,6 +43,13 @@ from polltuned.records import LATENCY_STATS, Window
 log = logging.getLogger("polltuned.probes")
 
 _PATH_TOKEN = re.compile(r"\.([A-Za-z_][\w-]*)|\[(\d+)\]|\[\"([^\"]+)\"\]|\['([^']+)'\]")
+
+#: time units -> µs (wrk's format_time prints us, ms, s, m, h)
+TIME_UNITS_US: dict[str, float] = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "μs": 1.0, "ms": 1e3, "s": 1e6,
+                                   "m": 60e6, "min": 60e6, "h": 3600e6}
+#: metric suffixes of counts and rates (wrk's format_metric prints k, M, G)
+METRIC_SUFFIXES: dict[str, float] = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}
+_QUANTITY = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-zµμ]*)\s*$")
 
 
 def json_path_get(doc: object, path: str) -> object:
@@ -62,24 +79,52 @@ def json_path_get(doc: object, path: str) -> object:
     return cur
 
 
-def _num(v: object, what: str) -> float:
+def parse_quantity(v: object, what: str) -> tuple[float, str]:
+    """Pure: a number, or a string holding a number and an optional unit (``"1.68ms"``, ``"92.40k"``).
+    Returns (number, unit) with unit ``""`` when there is none."""
     if isinstance(v, bool) or not isinstance(v, int | float | str):
         raise ProbeError(f"{what}: not a number ({v!r})")
-    try:
-        f = float(v)
-    except ValueError as e:
-        raise ProbeError(f"{what}: not a number ({v!r})") from e
+    if isinstance(v, str):
+        m = _QUANTITY.match(v)
+        if m is None:
+            if v.strip().lower() in ("nan", "inf", "-inf", "+inf", "infinity"):
+                raise ProbeError(f"{what}: not finite ({v!r})")
+            raise ProbeError(f"{what}: not a number ({v!r})")
+        f, unit = float(m.group(1)), m.group(2)
+    else:
+        f, unit = float(v), ""
     if not math.isfinite(f):
         raise ProbeError(f"{what}: not finite ({v!r})")
-    return f
+    return f, unit
+
+
+def to_statistic(stat: str, v: object, unit_scale_us: float, what: str) -> float:
+    """Pure: one printed value as the number polltuned stores for ``stat``: a latency in µs (its
+    own unit converted, a bare number times ``unit_scale_us``); any other statistic with its metric
+    suffix applied."""
+    f, unit = parse_quantity(v, what)
+    if stat in LATENCY_STATS or stat == _SINGLE:
+        if not unit:
+            return f * unit_scale_us
+        if unit not in TIME_UNITS_US:
+            raise ProbeError(f"{what}: unknown time unit {unit!r} (got {v!r}; one of "
+                             f"{', '.join(TIME_UNITS_US)})")
+        return f * TIME_UNITS_US[unit]
+    if not unit:
+        return f
+    if unit not in METRIC_SUFFIXES:
+        raise ProbeError(f"{what}: unknown suffix {unit!r} for {stat} (got {v!r}; one of "
+                         f"{', '.join(METRIC_SUFFIXES)})")
+    return f * METRIC_SUFFIXES[unit]
 
 
 _SINGLE = "__single__"
 
 
 def extract_statistics(cfg: CommandConfig, output: str) -> dict[str, float]:
-    """Pure: the statistics ``cfg`` names in ``output``. Raises ProbeError when nothing matches."""
-    out: dict[str, float] = {}
+    """Pure: the statistics ``cfg`` names in ``output`` (latencies in µs). Raises ProbeError when
+    nothing matches."""
+    raw: dict[str, tuple[object, str]] = {}
     if cfg.regex:
         m = re.search(cfg.regex, output, re.MULTILINE)
         if m is None:
@@ -89,36 +134,37 @@ def extract_statistics(cfg: CommandConfig, output: str) -> dict[str, float]:
             for stat, group in cfg.statistic_map.items():
                 if group not in groups:
                     raise ProbeError(f"regex group {group!r} (for {stat}) did not match")
-                out[stat] = _num(groups[group], f"regex group {group!r}")
+                raw[stat] = (groups[group], f"regex group {group!r}")
         elif groups:
-            out = {k: _num(v, f"regex group {k!r}") for k, v in groups.items()}
+            raw = {k: (v, f"regex group {k!r}") for k, v in groups.items()}
         elif m.groups():
-            out[_SINGLE] = _num(m.group(1), "regex group 1")
+            raw[_SINGLE] = (m.group(1), "regex group 1")
         else:
             raise ProbeError(f"regex {cfg.regex!r} has no group to take a number from")
-        return out
-    try:
-        doc: Any = json.loads(output)
-    except json.JSONDecodeError as e:
-        raise ProbeError(f"command output is not JSON ({e.msg} at line {e.lineno})") from e
-    if cfg.statistic_map:
-        for stat, path in cfg.statistic_map.items():
-            out[stat] = _num(json_path_get(doc, path), f"json path {path!r}")
-    elif cfg.json_path:
-        out[_SINGLE] = _num(json_path_get(doc, cfg.json_path), f"json path {cfg.json_path!r}")
-    return out
+    else:
+        try:
+            doc: Any = json.loads(output)
+        except json.JSONDecodeError as e:
+            raise ProbeError(f"command output is not JSON ({e.msg} at line {e.lineno})") from e
+        if cfg.statistic_map:
+            for stat, path in cfg.statistic_map.items():
+                raw[stat] = (json_path_get(doc, path), f"json path {path!r}")
+        elif cfg.json_path:
+            raw[_SINGLE] = (json_path_get(doc, cfg.json_path), f"json path {cfg.json_path!r}")
+    return {k: to_statistic(k, v, cfg.unit_scale_us, what) for k, (v, what) in raw.items()}
 
 
-def statistics_to_window(stats: Mapping[str, float], unit_scale_us: float, duration_s: float) -> Window:
+def statistics_to_window(stats: Mapping[str, float], duration_s: float) -> Window:
+    """Pure: statistics from :func:`extract_statistics` as a Window."""
     latency: dict[str, float] = {}
     extra: dict[str, float] = {}
     throughput: float | None = None
     for k, v in stats.items():
         if k == _SINGLE:
             for s in LATENCY_STATS:
-                latency[s] = v * unit_scale_us
+                latency[s] = v
         elif k in LATENCY_STATS:
-            latency[k] = v * unit_scale_us
+            latency[k] = v
         elif k in ("throughput", "throughput_pps"):
             throughput = v
         else:
@@ -129,13 +175,26 @@ def statistics_to_window(stats: Mapping[str, float], unit_scale_us: float, durat
                   observations=1, extra=extra)
 
 
+def _fmt_seconds(s: float) -> str:
+    return str(round(s)) if abs(s - round(s)) < 1e-9 else f"{s:g}"
+
+
+def expand_argv(argv: Sequence[str], *, window_s: float, python: str) -> list[str]:
+    """Pure: ``argv`` with ``{window_s}``, ``{window_s_int}`` and ``{python}`` replaced (other
+    braces left alone)."""
+    whole = str(max(1, round(window_s)))
+    return [a.replace("{window_s_int}", whole).replace("{window_s}", _fmt_seconds(window_s)).replace("{python}", python)
+            for a in argv]
+
+
 class CommandProbe:
     name = "command"
 
-    def __init__(self, cfg: CommandConfig, runner: Runner, *, clock: Clock) -> None:
+    def __init__(self, cfg: CommandConfig, runner: Runner, *, clock: Clock, python: str | None = None) -> None:
         self.cfg = cfg
         self._runner = runner
         self._clock = clock
+        self._python = python or sys.executable
 
     def start(self) -> None:
         pass
@@ -146,17 +205,22 @@ class CommandProbe:
     def close(self) -> None:
         pass
 
+    def argv(self, duration_s: float) -> list[str]:
+        return expand_argv(self.cfg.argv, window_s=duration_s, python=self._python)
+
     def measure(self, duration_s: float, window_index: int) -> Window:
         t0 = self._clock.monotonic()
-        res = self._runner.run(self.cfg.argv, timeout_s=self.cfg.timeout_s)
+        argv = self.argv(duration_s)
+        res = self._runner.run(argv, timeout_s=self.cfg.timeout_s, netns=self.cfg.netns,
+                               cpus=self.cfg.cpus or None)
         elapsed = res.duration_s
         try:
             if res.timed_out:
-                raise ProbeError(f"{self.cfg.argv[0]} timed out after {self.cfg.timeout_s:g} s")
+                raise ProbeError(f"{argv[0]} timed out after {self.cfg.timeout_s:g} s")
             if res.returncode != 0:
                 raise ProbeError(f"{res.describe()}")
             stats = extract_statistics(self.cfg, res.stdout)
-            return statistics_to_window(stats, self.cfg.unit_scale_us, elapsed)
+            return statistics_to_window(stats, elapsed)
         except ProbeError as e:
             log.warning("probe command window %d failed: %s", window_index, e.message)
             return Window.failed(e.message, duration_s=max(elapsed, self._clock.monotonic() - t0))

@@ -86,3 +86,26 @@ def _make(
 
         return make_sim_probe(cfg, host, clock=clock, policy=policy, seed=seed)
     raise UsageError(f"probe.kind: unknown probe {getattr(cfg, 'kind', cfg)!r}")
+
+
+def probe_opens_fresh_sockets(cfg: ProbeConfig) -> bool:
+    """Whether the sockets whose latency ``cfg``'s probe measures are created fresh in every window.
+
+    ``net.core.busy_read`` is copied into a socket when it is created (accepted sockets are cloned
+    from their listener), so it can only act on a probe whose sockets are fresh per window;
+    ``net.core.busy_poll`` acts at poll/select/epoll time on every socket at once.
+
+    * sockperf: fresh when ``restart_server`` (server and client started per window);
+    * sim: the simulated world models fresh sockets;
+    * tcp_rtt, prometheus: they watch a long-running application's sockets: not fresh;
+    * command: what the policy declares (``fresh_sockets``, default false).
+    """
+    if isinstance(cfg, SockperfConfig):
+        return cfg.restart_server
+    if isinstance(cfg, SimConfig):
+        return True
+    if isinstance(cfg, TcpRttConfig | PrometheusConfig):
+        return False
+    if isinstance(cfg, CommandConfig):
+        return cfg.fresh_sockets
+    raise UsageError(f"probe.kind: unknown probe {getattr(cfg, 'kind', cfg)!r}")

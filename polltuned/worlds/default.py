@@ -5,6 +5,7 @@
     ptb-c (client)                         ptb-s (server)
     ptbc 198.18.230.1/24  <--- veth --->   ptbs 198.18.230.2/24
     sockperf clients                       fresh sockperf server(s) per window
+    or wrk / kvclient, fresh per window    or nginx / memcached, started once per run
 
 NAPI fixture (vm-bench.md §1): a veth only uses its NAPI instance for local traffic when the
 receiving end has GRO on and the *sending* end has TSO off (or rx-udp-gro-forwarding, which holds
@@ -19,10 +20,20 @@ Workloads (vm-bench.md §6) differ only in layout and competing load:
              loses badly)
   shared-cpu client and server on CPU0 (busy polling loses badly)
   cpu-hog    single + ``stress-ng --cpu 1`` pinned to the client's CPU (busy polling wins the tail)
+  nginx      nginx serving a small static file over HTTP/1.1 keep-alive on CPU1; a fresh
+             ``wrk --latency`` per window on CPU0 (policy ``bench-nginx``, a ``command`` probe)
+  memcached  memcached on CPU1; a fresh ``python -m polltuned.host.kvclient`` (closed-loop GETs of a
+             preloaded key set, JSON percentiles) per window on CPU0 (policy ``bench-memcached``)
+
+The application servers (nginx, memcached) are started once per run and never restarted, as in
+production: their accepted sockets are cloned from a listener created before any knob change, so
+busy_read does not reach the server side, while busy_poll acts on their epoll at once. Their
+configuration, document root and logs live in ``<state dir>/bench-app/`` (never /etc/nginx).
 
 Crash safety: a marker file in the state dir lists what setup() created; setup() first removes
-anything a previous (crashed) run left: processes inside ``ptb-*`` namespaces, the namespaces, the
-marker. All traffic stays inside 198.18.0.0/15 (RFC 2544 benchmarking range).
+anything a previous (crashed) run left: processes inside ``ptb-*`` namespaces (nginx, memcached,
+clients), the namespaces, the application directory, the marker. All traffic stays inside
+198.18.0.0/15 (RFC 2544 benchmarking range).
 """
 
 from __future__ import annotations
@@ -31,10 +42,12 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from polltuned.clock import Clock
 from polltuned.errors import HostError, UsageError
@@ -46,6 +59,11 @@ log = logging.getLogger("polltuned.bench")
 NS_PREFIX = "ptb-"
 BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 MARKER = "bench-world.json"
+APP_DIR = "bench-app"
+NGINX_PORT = 8080
+MEMCACHED_PORT = 11211
+#: the small static file nginx serves (bytes)
+STATIC_FILE_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,12 @@ class Workload:
     client_cpus: tuple[int, ...] = (0,)
     server_cpus: tuple[int, ...] = (1,)
     hog_cpus: tuple[int, ...] = ()
+    #: the server application: sockperf (fresh per window, measured by the sockperf probe) or a
+    #: long-running nginx / memcached measured by the ``command`` probe of ``policy``
+    app: Literal["sockperf", "nginx", "memcached"] = "sockperf"
+    #: the policy this workload is tuned with by default (the client's connections/threads are
+    #: in its probe's argv)
+    policy: str = "bench"
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -65,6 +89,10 @@ WORKLOADS: dict[str, Workload] = {
     "shared-cpu": Workload("shared-cpu", "client and server share CPU0", server_cpus=(0,)),
     "cpu-hog": Workload("cpu-hog", "single session + stress-ng CPU hog on the client's CPU0",
                         hog_cpus=(0,)),
+    "nginx": Workload("nginx", "nginx (static file, HTTP/1.1 keep-alive) on CPU1, a fresh wrk --latency "
+                      "per window on CPU0", app="nginx", policy="bench-nginx"),
+    "memcached": Workload("memcached", "memcached on CPU1, a fresh closed-loop GET client (kvclient) "
+                          "per window on CPU0", app="memcached", policy="bench-memcached"),
 }
 
 
@@ -120,6 +148,7 @@ class DefaultWorld:
     hog_timeout_s: int = 3600
     kill: Callable[[int, int], None] = kill_pid
     _hog: Spawned | None = None
+    _app: Spawned | None = None
     _up: bool = False
     _owner_pid: int = 0
 
@@ -153,12 +182,24 @@ class DefaultWorld:
                 removed.append(ns)
             else:
                 log.warning("bench: could not delete leftover netns %s: %s", ns, res.describe())
+        self._remove_app_dir()
         marker = self.state_dir / MARKER
         if marker.exists():
             marker.unlink()
         if removed:
             log.warning("bench: removed leftovers of a previous run: %s", ", ".join(removed))
         return removed
+
+    @property
+    def app_dir(self) -> Path:
+        return self.state_dir / APP_DIR
+
+    def _remove_app_dir(self) -> None:
+        d = self.app_dir
+        if d.is_symlink() or d.is_file():
+            d.unlink()
+        elif d.exists():
+            shutil.rmtree(d, ignore_errors=True)
 
     def _kill_netns_pids(self, ns: str) -> None:
         res = self.runner.run(["ip", "netns", "pids", ns], timeout_s=10.0)
@@ -175,7 +216,8 @@ class DefaultWorld:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / MARKER).write_text(json.dumps(
             {"v": 1, "namespaces": [c.client_ns, c.server_ns], "pid": os.getpid(),
-             "created": self.clock.wall(), "workload": self.workload.name}) + "\n")
+             "created": self.clock.wall(), "workload": self.workload.name,
+             "app_dir": str(self.app_dir) if self.workload.app != "sockperf" else None}) + "\n")
         self._up = True
         try:
             self._ip("netns", "add", c.client_ns)
@@ -193,6 +235,8 @@ class DefaultWorld:
             self.check_napi()
             if self.workload.hog_cpus:
                 self.start_hog()
+            if self.workload.app != "sockperf":
+                self.start_app()
         except BaseException:
             self.teardown()
             raise
@@ -236,6 +280,73 @@ class DefaultWorld:
         if hog is not None:
             hog.stop(1.0)
 
+    # -- the long-running application server (nginx, memcached) --------------------------------------
+
+    @property
+    def app_port(self) -> int:
+        return {"nginx": NGINX_PORT, "memcached": MEMCACHED_PORT}.get(self.workload.app, self.config.port)
+
+    def app_argv(self) -> list[str]:
+        """The server's command line (files it needs are written by :meth:`write_app_files`)."""
+        c, d = self.config, self.app_dir
+        if self.workload.app == "nginx":
+            return ["nginx", "-p", f"{d}/", "-e", str(d / "error.log"), "-c", str(d / "nginx.conf")]
+        if self.workload.app == "memcached":
+            # -U 0: no UDP listener; -t 1: one worker thread (the server's CPU is pinned anyway)
+            return ["memcached", "-u", "nobody", "-l", c.server_addr, "-p", str(MEMCACHED_PORT), "-U", "0",
+                    "-t", "1", "-c", "1024", "-m", "64"]
+        raise UsageError(f"workload {self.workload.name}: no long-running server for app {self.workload.app!r}")
+
+    def write_app_files(self) -> None:
+        self._remove_app_dir()
+        d = self.app_dir
+        d.mkdir(parents=True, mode=0o700)
+        if self.workload.app == "nginx":
+            (d / "www").mkdir()
+            (d / "tmp").mkdir()
+            body = ("polltuned bench static file\n" * 8)[:STATIC_FILE_BYTES - 1] + "\n"
+            (d / "www" / "index.html").write_text(body)
+            (d / "nginx.conf").write_text(nginx_conf(d, self.config.server_addr, NGINX_PORT))
+
+    def start_app(self) -> None:
+        c = self.config
+        self.write_app_files()
+        self._app = self.runner.spawn(self.app_argv(), netns=c.server_ns, cpus=self.server_cpus)
+        deadline = self.clock.monotonic() + 5.0
+        while True:
+            if not self._app.running():
+                res = self._app.stop(0.1)
+                self._app = None
+                raise HostError(f"bench world: {self.workload.app} did not start: {res.describe()}",
+                                hint=self._app_log_tail())
+            if self.app_listening():
+                return
+            if self.clock.monotonic() > deadline:
+                raise HostError(f"bench world: {self.workload.app} is not listening on "
+                                f"{c.server_addr}:{self.app_port} after 5 s", hint=self._app_log_tail())
+            self.clock.sleep(0.1)
+
+    def app_listening(self) -> bool:
+        res = self.runner.run(["ss", "-Hltn", "sport", "=", f":{self.app_port}"], timeout_s=5.0,
+                              netns=self.config.server_ns)
+        return res.ok and parse_listening(res.stdout, self.config.server_addr, self.app_port)
+
+    def app_running(self) -> bool:
+        return self._app is not None and self._app.running()
+
+    def _app_log_tail(self) -> str:
+        p = self.app_dir / "error.log"
+        try:
+            lines = p.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+    def stop_app(self) -> None:
+        app, self._app = self._app, None
+        if app is not None:
+            app.stop(2.0)
+
     def teardown(self) -> None:
         """Idempotent: stop the hog, kill whatever runs in our namespaces, delete them, drop the marker.
 
@@ -244,6 +355,7 @@ class DefaultWorld:
         if self._owner_pid and os.getpid() != self._owner_pid:
             return
         self.stop_hog()
+        self.stop_app()
         c = self.config
         for ns in (c.client_ns, c.server_ns):
             if ns in self.leftovers():
@@ -251,6 +363,8 @@ class DefaultWorld:
                 res = self.runner.run(["ip", "netns", "del", ns], timeout_s=10.0)
                 if not res.ok:
                     log.error("bench: could not delete netns %s: %s", ns, res.describe())
+        if self.workload.app != "sockperf":
+            self._remove_app_dir()
         marker = self.state_dir / MARKER
         if marker.exists():
             marker.unlink()
@@ -262,7 +376,8 @@ class DefaultWorld:
                 "client": f"{c.client_ns}/{c.client_dev} {c.client_addr} cpus {list(self.client_cpus)}",
                 "server": f"{c.server_ns}/{c.server_dev} {c.server_addr} cpus {list(self.server_cpus)}",
                 "hog_cpus": list(clamp_cpus(self.workload.hog_cpus, self.ncpus)),
-                "nic": c.nic}
+                "nic": c.nic, "app": self.workload.app,
+                "app_port": self.app_port if self.workload.app != "sockperf" else None}
 
 
 def parse_napi_packets(ethtool_stats: str) -> int:
@@ -281,3 +396,52 @@ def parse_napi_packets(ethtool_stats: str) -> int:
     if not found:
         raise HostError("ethtool -S shows no rx_queue_*_xdp_packets counter (not a veth?)")
     return total
+
+
+def nginx_conf(app_dir: Path, addr: str, port: int) -> str:
+    """Pure: a self-contained nginx.conf: one worker, epoll, HTTP/1.1 keep-alive without a request
+    limit, no access log, every path (pid, logs, temp dirs, document root) inside ``app_dir``.
+
+    Workers run as root: the document root is inside the bench's state directory (0750 root), which
+    an unprivileged worker could not read; the server listens only on ``addr`` inside the bench's
+    own namespace."""
+    d = str(app_dir).rstrip("/")
+    temp = "\n".join(f"    {k}_temp_path {d}/tmp/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    return f"""# written by polltuned bench; removed with the bench world
+daemon off;
+master_process on;
+worker_processes 1;
+user root root;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{
+    worker_connections 1024;
+    use epoll;
+}}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nodelay on;
+    keepalive_timeout 600s;
+    keepalive_requests 1000000000;
+{temp}
+    default_type text/html;
+    server {{
+        listen {addr}:{port} backlog=1024;
+        root {d}/www;
+        location / {{ }}
+    }}
+}}
+"""
+
+
+def parse_listening(ss_output: str, addr: str, port: int) -> bool:
+    """Pure: whether ``ss -Hltn`` output shows a TCP listener on ``addr:port`` (or the wildcard)."""
+    for line in ss_output.splitlines():
+        cols = line.split()
+        if len(cols) < 4 or cols[0] != "LISTEN":
+            continue
+        host, _, p = cols[3].rpartition(":")
+        if p == str(port) and host.strip("[]") in (addr, "0.0.0.0", "*", "::"):
+            return True
+    return False

@@ -1,0 +1,178 @@
+"""A small closed-loop memcached GET client that prints latency percentiles as JSON.
+
+    python -m polltuned.host.kvclient --server 198.18.230.2 --port 11211 --connections 4 \\
+        --duration 2 --keys 1000 --value-size 64 --preload
+
+Debian packages no memcached client that reports latency percentiles (libmemcached-tools'
+memslap prints only totals; memtier_benchmark is not packaged), so polltuned ships this one for
+the bench's ``memcached`` workload. It is also an example of a ``command`` probe client.
+
+What it does: opens ``--connections`` TCP connections (TCP_NODELAY), optionally stores ``--keys``
+keys of ``--value-size`` bytes (``set ... noreply``, then one ``version`` round trip to sync), then
+for ``--duration`` seconds keeps exactly one ``get`` outstanding per connection (closed loop) and
+records each request's latency from just before ``send`` to the end of its ``END\\r\\n``. One
+thread, one epoll (``selectors``), the same few Python operations per request: the client's own
+overhead is small (a few µs) and constant across configurations. Keys are visited in a fixed
+stride order, so every run asks the same sequence.
+
+Output (stdout, one JSON document): ``{"v": 1, "requests": N, "duration_s": S,
+"throughput_rps": R, "latency_us": {"p50", "p90", "p99", "p999", "mean", "max", "min"},
+"misses": M, "connections": C}``. Exit 0 on success; 2 on a usage error; 1 when the server does
+not answer (connect failure, 2 s without any reply, a closed connection, an error reply), with one
+line on stderr. Every run is bounded: ``--duration`` at most 600 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import selectors
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+STALL_S = 2.0
+MAX_DURATION_S = 600.0
+
+
+def percentiles_us(latencies_ns: Sequence[int]) -> dict[str, float]:
+    """Pure: nearest-rank percentiles (p50/p90/p99/p999), mean, max and min in µs."""
+    if not latencies_ns:
+        raise ValueError("no latency samples")
+    xs = sorted(latencies_ns)
+    n = len(xs)
+
+    def rank(q: float) -> float:
+        return xs[min(n - 1, max(0, math.ceil(q * n) - 1))] / 1e3
+
+    return {"p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99), "p999": rank(0.999),
+            "mean": sum(xs) / n / 1e3, "max": xs[-1] / 1e3, "min": xs[0] / 1e3}
+
+
+def result_document(latencies_ns: Sequence[int], duration_s: float, misses: int, connections: int) -> dict[str, object]:
+    """Pure: the JSON document the client prints."""
+    lat = {k: round(v, 3) for k, v in percentiles_us(latencies_ns).items()}
+    return {"v": 1, "requests": len(latencies_ns), "duration_s": round(duration_s, 4),
+            "throughput_rps": round(len(latencies_ns) / duration_s, 1) if duration_s > 0 else 0.0,
+            "latency_us": lat, "misses": misses, "connections": connections}
+
+
+class KvError(Exception):
+    pass
+
+
+def _connect(server: str, port: int, timeout_s: float) -> socket.socket:
+    s = socket.create_connection((server, port), timeout=timeout_s)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _recv_until(s: socket.socket, end: bytes) -> bytes:
+    buf = b""
+    while not buf.endswith(end):
+        chunk = s.recv(65536)
+        if not chunk:
+            raise KvError("server closed the connection")
+        buf += chunk
+    return buf
+
+
+def preload(s: socket.socket, keys: int, value_size: int) -> None:
+    value = b"x" * value_size
+    batch = b"".join(b"set k%d 0 0 %d noreply\r\n%s\r\n" % (i, value_size, value) for i in range(keys))
+    s.sendall(batch + b"version\r\n")
+    reply = _recv_until(s, b"\r\n")
+    if not reply.startswith(b"VERSION"):
+        raise KvError(f"preload failed: {reply[:80]!r}")
+
+
+def run(server: str, port: int, connections: int, duration_s: float, keys: int,
+        value_size: int, do_preload: bool, warmup_s: float) -> dict[str, object]:
+    socks = [_connect(server, port, STALL_S) for _ in range(connections)]
+    try:
+        if do_preload:
+            preload(socks[0], keys, value_size)
+        requests = [b"get k%d\r\n" % i for i in range(keys)]
+        stride = 7919 if keys % 7919 else 1
+        sel = selectors.DefaultSelector()
+        bufs: list[bytes] = [b""] * connections
+        sent_at = [0] * connections
+        nxt = [c * (keys // max(1, connections)) for c in range(connections)]
+        lat: list[int] = []
+        misses = 0
+        perf = time.perf_counter_ns
+        for c, s in enumerate(socks):
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ, c)
+        t_start = perf()
+        t_record = t_start + int(warmup_s * 1e9)
+        t_end = t_record + int(duration_s * 1e9)
+        for c, s in enumerate(socks):
+            sent_at[c] = perf()
+            s.send(requests[nxt[c]])
+        while True:
+            events = sel.select(STALL_S)
+            if not events:
+                raise KvError(f"no reply for {STALL_S:g} s")
+            now = perf()
+            for key, _ in events:
+                c = key.data
+                s = socks[c]
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise KvError("server closed the connection")
+                buf = bufs[c] + chunk
+                if not buf.endswith(b"END\r\n"):
+                    if buf.startswith((b"ERROR", b"SERVER_ERROR", b"CLIENT_ERROR")):
+                        raise KvError(f"server replied {buf.splitlines()[0][:80]!r}")
+                    bufs[c] = buf
+                    continue
+                bufs[c] = b""
+                if now >= t_record:
+                    lat.append(now - sent_at[c])
+                    if len(buf) == 5:
+                        misses += 1
+                if now >= t_end:
+                    continue  # no new request after the end
+                nxt[c] = (nxt[c] + stride) % keys
+                sent_at[c] = perf()
+                s.send(requests[nxt[c]])
+            if now >= t_end:
+                break  # requests still in flight are dropped with the sockets
+        elapsed = (now - t_record) / 1e9
+        return result_document(lat, elapsed, misses, connections)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m polltuned.host.kvclient", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--port", type=int, default=11211)
+    ap.add_argument("--connections", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=2.0, help="seconds of measurement")
+    ap.add_argument("--warmup", type=float, default=0.0, help="seconds before recording starts")
+    ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument("--value-size", type=int, default=64)
+    ap.add_argument("--preload", action="store_true", help="store the keys first (set noreply)")
+    a = ap.parse_args(argv)
+    if not (0 < a.duration <= MAX_DURATION_S) or not (0 <= a.warmup <= 60):
+        print(f"kvclient: --duration must be in (0, {MAX_DURATION_S:g}] and --warmup in [0, 60]", file=sys.stderr)
+        return 2
+    if not (1 <= a.connections <= 1024) or a.keys < 1 or not (1 <= a.value_size <= 1_000_000):
+        print("kvclient: --connections in [1, 1024], --keys >= 1, --value-size in [1, 1e6]", file=sys.stderr)
+        return 2
+    try:
+        doc = run(a.server, a.port, a.connections, a.duration, a.keys, a.value_size, a.preload, a.warmup)
+    except (OSError, KvError, ValueError) as e:
+        print(f"kvclient: {a.server}:{a.port}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
