@@ -101,7 +101,7 @@ class World:
     def drain(self) -> None:
         time.sleep(0.3)
 
-    def wait_for(self, pred: str, timeout: float = 60.0) -> None:
+    def wait_for(self, pred: str, timeout: float = 150.0) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if any(pred in m for m in list(self.messages)):
@@ -121,7 +121,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     w.close()
 
 
-def _wait_phase(w: World, phase: str, timeout: float = 60.0) -> dict[str, object]:
+def _wait_phase(w: World, phase: str, timeout: float = 150.0) -> dict[str, object]:
     end = time.monotonic() + timeout
     doc: dict[str, object] = {}
     while time.monotonic() < end:
@@ -256,7 +256,7 @@ def test_sighup_while_tuning_and_in_hold_retunes_with_the_new_policy(world: Worl
         _rename_policy(world, "reloaded-in-hold")
         proc.send_signal(signal.SIGHUP)
         world.wait_for("reloaded policy reloaded-in-hold")
-        end = time.monotonic() + 60
+        end = time.monotonic() + 150
         while time.monotonic() < end:
             doc = world.status()
             if doc.get("policy") == "reloaded-in-hold" and doc.get("phase") == "HOLD":
