@@ -188,5 +188,16 @@ class ReferenceSeries:
             return act[-2][0]
         return None
 
+    def suspect(self) -> bool:
+        """The last reference alone sits far from the ones before it (a shift, or one outlier
+        window): worth a second reference at once to tell which, instead of waiting a whole interval."""
+        act = self._active()
+        if len(act) < 4:
+            return False
+        old = [v for _, v in act[:-1]]
+        m = sum(old) / len(old)
+        sd = self.noise_sd()
+        return abs(act[-1][1] - m) > max(3.0 * sd * math.sqrt(1.0 + 1.0 / len(old)), math.log(1.3))
+
     def start_regime(self, index: int) -> None:
         self.since = index

@@ -244,6 +244,8 @@ class Tuner:
         shift = st.refs.shift()
         if shift is not None:
             yield from self._restart_on_shift(st, shift)
+        elif st.refs.suspect():
+            st.since_ref = st.refs.interval()  # a second reference next: a shift, or one odd window?
         return s
 
     def _baseline(self, st: SessionState) -> Generator[Event, None, bool]:
