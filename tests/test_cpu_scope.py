@@ -204,7 +204,7 @@ def test_cpu_mask_and_cpu_list_formats() -> None:
     assert parse_cpu_mask("0\n") == [] and parse_cpu_mask("80000000,00000001") == [0, 63]
     with pytest.raises(ParseError):
         parse_cpu_mask("zz")
-    assert format_cpus([1, 0]) == "0,1" and format_cpus([0, 1, 2, 3, 8]) == "0-3,8"
+    assert format_cpus([1, 0]) == "0-1" and format_cpus([0, 1, 2, 3, 8]) == "0-3,8"
 
 
 def test_choice_order(tmp_path: Path) -> None:
@@ -295,8 +295,8 @@ def test_scope_follows_the_nic_irqs_and_never_shrinks(tmp_path: Path) -> None:
         return round(r.cores, 9), r.scope
 
     assert window(0) == (0.3, "cpus 0 (app)")
-    assert window(7000) == (0.7, "cpus 0,1 (nic queues + app)")   # IRQs moved to CPU 1
-    assert window(7000) == (0.7, "cpus 0,1 (nic queues + app)")   # no new IRQs: CPU 1 stays
+    assert window(7000) == (0.7, "cpus 0-1 (nic queues + app)")   # IRQs moved to CPU 1
+    assert window(7000) == (0.7, "cpus 0-1 (nic queues + app)")   # no new IRQs: CPU 1 stays
 
 
 def test_irq_affinity_and_rps_define_the_queue_cpus(tmp_path: Path) -> None:
@@ -316,7 +316,7 @@ def test_irq_affinity_and_rps_define_the_queue_cpus(tmp_path: Path) -> None:
     clock.advance(1.0)
     bump_stat(tree, {0: {"system": 10, "idle": 90}, 1: {"irq": 5, "softirq": 15, "idle": 80}})
     r = scope.end()
-    assert r.scope == "cpus 0,1 (nic queues)" and r.cores == pytest.approx(0.3)
+    assert r.scope == "cpus 0-1 (nic queues)" and r.cores == pytest.approx(0.3)
     assert not math.isnan(r.cores)
 
 

@@ -62,17 +62,10 @@ class CpuReading:
 
 
 def format_cpus(cpus: Iterable[int]) -> str:
-    """``0,1`` / ``0-3,8``: runs of three or more CPUs as ranges, the rest listed."""
-    s = sorted(set(cpus))
-    out: list[str] = []
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
-            j += 1
-        out.extend([f"{s[i]}-{s[j]}"] if j - i >= 2 else [str(c) for c in s[i:j + 1]])
-        i = j + 1
-    return ",".join(out)
+    """The kernel's compact CPU list form (``0-3,8``)."""
+    from polltuned.host.cpus import format_cpu_list
+
+    return format_cpu_list(set(cpus))
 
 
 class CpuScope:
