@@ -4,7 +4,9 @@ Proposals, in order:
 
 1. **A space-filling start** of ``max(initial_points, min(knobs + 2, 8))`` points (``Space.space_filling``:
    scrambled Sobol for switches and categories, values stratified per knob) over every knob's whole
-   range, switches on and off; the host's own values are never the centre of anything.
+   range, switches on and off; the host's own values are never the centre of anything. The policy's
+   domain seeds, one knob at a time, fill at most half of the start (extra candidates, tried once;
+   nothing later centres on them); a policy without seeds gets a wholly space-filling start.
 2. **Bayesian optimisation**: a scikit-optimize ``GaussianProcessRegressor`` (ConstantKernel x
    Matern 5/2 with one length scale per encoded column, plus a white-noise term whose level starts
    at, and is bounded around, the noise the engine *measured* on its reference windows — a GP left
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+from itertools import zip_longest
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -84,8 +87,13 @@ class SkoptOptimiser(HistoryBookkeeping):
         self._body_theta: np.ndarray | None = None
         base = self._base_key
         n_design = max(initial_points, min(len(space.dims) + 2, 8))
-        self._design = [c for c in space.space_filling(n_design, seed) if space.key_of(c) != base]
         self._seeds = space.seed_configs(self.baseline)
+        # the policy's domain seeds (one knob at a time on top of the host's values) take at most
+        # half of the start, interleaved with the space-filling points; the rest of the search
+        # never centres on them. Without seeds the whole start is space-filling.
+        seeded = self._seeds[: n_design // 2]
+        filling = [c for c in space.space_filling(n_design - len(seeded), seed) if space.key_of(c) != base]
+        self._design = [c for pair in zip_longest(filling, seeded) for c in pair if c is not None]
 
     # ------------------------------------------------------------------ protocol
     def ask(self, remaining: int | None = None,
