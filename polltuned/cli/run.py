@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         clock = ScaledClock(args.sim_speed)
     kept = is_kept(state_dir)
     d = build_daemon(policy=policy, host_root=host_root, state_dir=state_dir, clock=clock,
-                     max_rounds=args.max_rounds)
+                     max_rounds=args.max_rounds, study=cfg.study)
     d.controller.kept = kept
 
     def reload_policy() -> object:
