@@ -207,9 +207,27 @@ def test_judge_uses_the_class_median() -> None:
     r = ClassRules(max_level_ratio=1.5, max_noise_ratio=2.5)
     assert judge(100.0, 0.1, [], r) is None                                   # the first host defines it
     assert judge(140.0, 0.1, [(100.0, 0.1), (101.0, 0.1), (500.0, 0.1)], r) is None  # median 101, not the mean
-    assert judge(160.0, 0.1, [(100.0, 0.1), (101.0, 0.1), (500.0, 0.1)], r) is not None
-    assert judge(100.0, 0.03, [(100.0, 0.1)], r) is not None                  # too quiet counts too
-    assert judge(100.0, 0.05, [(100.0, 0.1)], r) is None
+    assert judge(200.0, 0.1, [(100.0, 0.1), (101.0, 0.1), (500.0, 0.1)], r) is not None
+    # the limit widens with the window noise a two-window baseline carries (1.5x -> 1.5 x e^(2 x 0.3 / sqrt 2))
+    assert judge(200.0, 0.3, [(100.0, 0.3), (101.0, 0.3), (500.0, 0.3)], r) is None
+    assert judge(250.0, 0.3, [(100.0, 0.3), (101.0, 0.3), (500.0, 0.3)], r) is not None
+    three = [(100.0, 0.1), (101.0, 0.1), (99.0, 0.1)]
+    assert judge(100.0, 0.03, three, r) is not None                           # too quiet counts too
+    assert judge(100.0, 0.05, three, r) is None
+    assert judge(900.0, 0.1, three[:2], r) is None            # fewer than 3 others: nobody is judged yet
+
+
+def test_an_early_outlier_stops_being_shared_once_the_class_can_judge(shared_factory: Any) -> None:
+    clock = FakeClock()
+    hosts = {h: shared_factory(h, clock) for h in ("odd", "a", "b", "c")}
+    for h, st in hosts.items():
+        session(st, "s-" + h)
+    assert hosts["odd"].join_class("s-odd", 400.0, 0.1)          # first: nobody to compare with
+    window(hosts["odd"], "s-odd", 1, {**BASE, "net.core.busy_read": 9}, y=-0.7)
+    assert hosts["a"].join_class("s-a", 100.0, 0.1)
+    assert hosts["a"].shared_observations("s-a", BASE) == [({**BASE, "net.core.busy_read": 9}, -0.7)]
+    assert hosts["b"].join_class("s-b", 104.0, 0.1) and hosts["c"].join_class("s-c", 97.0, 0.1)
+    assert hosts["a"].shared_observations("s-a", BASE) == []     # 3 others now: 400 is 3.9x their median
 
 
 # ---------------------------------------------------------------- the fleet store

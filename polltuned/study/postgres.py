@@ -61,6 +61,13 @@ class PostgresStudy(SqlStudy):
     def _tx(self) -> contextlib.AbstractContextManager[None]:
         return self._transaction()
 
+    def _read(self) -> contextlib.AbstractContextManager[None]:
+        # reads need no transaction block (each statement sees committed rows): fewer round trips
+        return contextlib.nullcontext()
+
+    def _soft(self) -> None:
+        self._exec("SET LOCAL synchronous_commit TO OFF")
+
     def _create_lock(self) -> None:
         self._exec("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
 

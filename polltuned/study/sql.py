@@ -13,7 +13,8 @@ append-only record per observation.
 Tables (schema version 1 in ``pt_meta``; every JSON column is ``json.dumps(..., sort_keys=True)``)::
 
   pt_session  one row per session: study (policy fingerprint), class_key, host_id, host_fp, policy,
-              seed, started, mode, baseline (+ base_key), in_class, ended, result, the record
+              seed, started (the store's clock when written: the sharing horizon), mode, baseline
+              (+ base_key), in_class, ended, result, the record (with the engine's own "started")
   pt_window   one row per measurement window: session, trial, phase, config, idx, status, value
               (raw J), y (the log-ratio as told), ratio, score
   pt_event    other records (``trial``), verbatim
@@ -87,6 +88,7 @@ class ClassRules:
     max_level_ratio: float = 1.5      # baseline J more than 1.5x (or less than 1/1.5x) the class median
     max_noise_ratio: float = 2.5      # window noise more than 2.5x (or less than 1/2.5x) the class median
     pending_timeout_s: float = 120.0  # a pending trial older than this is a dead host's: ignored
+    min_hosts: int = 3                # fewer other hosts than this: nobody is judged yet (accepted)
     shared_horizon_s: float = 7 * 86400.0  # sessions older than this are not shared
 
 
@@ -98,16 +100,24 @@ class _SharedCache:
 
 def judge(level: float, noise: float, others: Sequence[tuple[float, float]], rules: ClassRules) -> str | None:
     """Why a host with baseline J ``level`` and noise ``noise`` does not match the class's other
-    hosts ``others`` [(level, noise)] (compared with their medians); None when it matches (or is
-    the first)."""
+    hosts ``others`` [(level, noise)] (compared with their medians); None when it matches, or while
+    fewer than ``rules.min_hosts`` others have reported (a median of one or two hosts would let
+    whichever host came first decide; shared_observations re-judges every host once there are
+    enough, so an early outlier's windows stop being shared then)."""
+    if len(others) < rules.min_hosts:
+        return None
     lv = [math.log(x) for x, _ in others if x and x > 0 and math.isfinite(x)]
     nz = [n for _, n in others if n and n > 0 and math.isfinite(n)]
     if lv and level > 0 and math.isfinite(level):
         med = statistics.median(lv)
         d = math.log(level) - med
-        if abs(d) > math.log(rules.max_level_ratio):
+        # a baseline level comes from a few windows: the limit widens by what that noise explains
+        # (two standard errors of a two-window mean, with the larger of this host's and the class's noise)
+        sd = max(noise if math.isfinite(noise) and noise > 0 else 0.0, statistics.median(nz) if nz else 0.0)
+        limit = math.log(rules.max_level_ratio) + 2.0 * sd / math.sqrt(2.0)
+        if abs(d) > limit:
             return (f"its baseline J {level:.4g} is {math.exp(d):.2f}x the class median {math.exp(med):.4g} "
-                    f"(limit {rules.max_level_ratio:g}x)")
+                    f"(limit {math.exp(limit):.2f}x: {rules.max_level_ratio:g}x beyond the window noise)")
     if nz and noise > 0 and math.isfinite(noise):
         med_n = statistics.median(nz)
         r = noise / med_n
@@ -186,7 +196,7 @@ class SqlStudy(Study):
                 "ON CONFLICT (session) DO NOTHING",
                 (sid, self.fingerprint, self.class_key, self.host_id, None if host is None else str(host),
                  None if rec.get("policy") is None else str(rec.get("policy")), int(rec.get("seed") or 0),
-                 finite(rec.get("started")), None if rec.get("mode") is None else str(rec.get("mode")),
+                 self.clock.wall(), None if rec.get("mode") is None else str(rec.get("mode")),
                  dumps(base), base_key(base), dumps({"v": STUDY_VERSION, "kind": kind, **rec})))
         elif kind == "window":
             ix, tr = rec.get("index"), rec.get("trial")
@@ -279,9 +289,15 @@ class SqlStudy(Study):
                 "WHERE s.class_key = ? AND s.base_key = ? AND s.host_id <> ? AND w.seq > ? AND w.y IS NOT NULL "
                 "AND (s.started IS NULL OR s.started >= ?) ORDER BY w.seq",
                 (self.class_key, bk, self.host_id or "", cache.last_seq, horizon))
-            members = {r[0] for r in self._exec(
-                "SELECT session FROM pt_session WHERE class_key = ? AND base_key = ? AND in_class = 1 "
-                "AND session <> ?", (self.class_key, bk, session))}
+            in_class = self._exec("SELECT session, host_id FROM pt_session WHERE class_key = ? AND base_key = ? "
+                                  "AND in_class = 1 AND session <> ?", (self.class_key, bk, session))
+            reports = self._exec("SELECT host_id, level, noise FROM pt_member WHERE class_key = ? "
+                                 "AND level IS NOT NULL AND noise IS NOT NULL", (self.class_key,))
+        # every host re-judged against the others' medians as they are now
+        levels = {str(h): (float(lv), float(nz)) for h, lv, nz in reports}
+        fits = {h for h, (lv, nz) in levels.items()
+                if judge(lv, nz, [v for o, v in levels.items() if o != h], self.rules) is None}
+        members = {str(sid) for sid, h in in_class if str(h) in fits}
         for seq, sid, cfg, y, phase, status, ratio in rows:
             cache.last_seq = max(cache.last_seq, int(seq))
             w = WindowRecord(0, str(phase), {}, str(status), float(y), ratio=bool(ratio))
@@ -297,10 +313,16 @@ class SqlStudy(Study):
                           "ORDER BY since", (self.class_key, session, since))
         return [json.loads(r[0]) for r in rows]
 
+    def _soft(self) -> None:
+        """The current transaction holds soft state (pending trials: they expire anyway), so its
+        commit need not wait for the disk (PostgreSQL: synchronous_commit off)."""
+        return None
+
     def set_pending(self, session: str, config: Mapping[str, KnobValue] | None) -> None:
         if not self.shared or self.class_key is None:
             return
         with self._tx():
+            self._soft()
             if config is None:
                 self._exec("DELETE FROM pt_pending WHERE session = ?", (session,))
             else:
