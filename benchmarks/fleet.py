@@ -294,7 +294,8 @@ def score_host(r: dict[str, Any], sc: Scenario, pol: Policy, j_star: float, budg
             break
     search = [c for ph, c in r["windows"] if ph != "confirm"]
     return {"index": r["index"], "odd": r["odd"], "in_class": r["in_class"], "membership": r["membership"],
-            "windows": r["windows_used"], "to5": first if first is not None else budget + 1, "reached": first is not None,
+            "windows": r["windows_used"], "to5": first if first is not None else budget + 1,
+            "reached": first is not None,
             "breaches": sum(1 for c in search if J(c) > limit), "worse": J(r["deployed"]) > j_base * (1 + 1e-9),
             "deploy5": J(r["deployed"]) <= 1.05 * j_star, "kept": bool(r["deployed_is_baseline"]),
             "duplicates": r["duplicates"], "proposals": r["proposals"], "elapsed_s": r["elapsed_s"]}

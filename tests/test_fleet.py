@@ -42,7 +42,8 @@ class Recorder:
         self.asks: list[tuple[list[dict[str, KnobValue]], dict[str, KnobValue]]] = []
         self.retold: list[tuple[dict[str, KnobValue], float]] = []
 
-    def ask(self, remaining: int | None = None, pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
+    def ask(self, remaining: int | None = None,
+            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
         c = self.inner.ask(remaining=remaining, pending=pending)
         self.asks.append(([dict(p) for p in pending], dict(c)))
         return c

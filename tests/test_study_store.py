@@ -30,7 +30,7 @@ from polltuned.errors import PolicyError
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
 from polltuned.records import KnobValue
-from polltuned.study import Study, StoreUnavailable, fingerprint
+from polltuned.study import StoreUnavailable, Study, fingerprint
 from polltuned.study.config import StudyConfig, redact_dsn
 from polltuned.study.fleet import FleetStudy
 from polltuned.study.jsonl import JsonlStudy
