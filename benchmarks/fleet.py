@@ -113,6 +113,15 @@ class PacedEnv(ScenarioEnv):
         return super().measure(window_index)
 
 
+def jitter(index: int, seed: int) -> tuple[float, float]:
+    """(pace factor 0.85-1.15, start delay as a fraction of one window) of a host: hosts of a real
+    fleet do not measure in lockstep (and a lockstep start makes 64 processes on 2 CPUs queue)."""
+    import numpy as np
+
+    rng = np.random.default_rng(104729 * seed + index)
+    return float(rng.uniform(0.85, 1.15)), float(rng.uniform(0.0, 1.0))
+
+
 class TimedStore(Study):
     """Delegates to the host's store and times every call the engine makes (wall seconds)."""
 
@@ -222,20 +231,23 @@ def host_main(spec: HostSpec, run: RunSpec, go: Any, out: Any) -> None:
         world = HostWorld(load_scenario(spec.scenario), spec.factor, spec.extra_sd)
         base = default_config(p)
         env = PacedEnv(p, world, seed=spec.seed * 1009 + spec.index, baseline=base)  # type: ignore[arg-type]
-        env.pace_s = run.pace_s
+        factor, delay = jitter(spec.index, spec.seed)
+        env.pace_s = run.pace_s * factor
         store = TimedStore(open_host_store(spec, run))
         opt = make_optimiser(run.optimiser, Space.from_policy(p), base, seed=spec.seed * 31 + spec.index,
                              initial_points=p.tuning.initial_points,
                              safety_limit=math.log(1 + p.guard.max_regression))
         t = Tuner(p, env, store, clock=FakeClock(), optimiser=opt)
         go.wait()
-        t0 = time.perf_counter()
+        time.sleep(delay * run.pace_s)
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in t.run():
             pass
+        cpu = time.process_time() - c0
         r = t.result
         assert r is not None and t.state is not None
         out.put({"index": spec.index, "mode": spec.mode, "odd": spec.odd, "ok": True,
-                 "elapsed_s": time.perf_counter() - t0, "in_class": t.state.in_class,
+                 "elapsed_s": time.perf_counter() - t0, "cpu_s": cpu, "in_class": t.state.in_class,
                  "membership": store.describe().membership, "fallback": store.describe().fallback,
                  "windows": [[ph, dict(c)] for ph, c in t.trace.windows],
                  "recs": [[w, dict(c)] for w, c in t.trace.recommendations],
@@ -425,10 +437,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                           a.pending_timeout_s)
             res = run_hosts(host_specs("fleet", n, a.scenario, 1, False), run, timeout_s=60 + a.budget * a.pace_s * 20)
             lat = latency_summary(res)
+            cpu_w = statistics.fmean(r["cpu_s"] / max(1, r["windows_used"]) for r in res)
             doc.update({"hosts": n, "latency_run": lat, "in_class": sum(1 for r in res if r["in_class"]),
-                        "elapsed_s": time.monotonic() - t_start})
+                        "host_cpu_ms_per_window": cpu_w * 1000, "elapsed_s": time.monotonic() - t_start})
             print(f"fleet.py latency run: {n} hosts sharing one {a.store} study, optimiser {a.latency_optimiser}, "
-                  f"budget {a.budget}, {a.pace_s:g} s per window; {doc['in_class']} joined the class")
+                  f"budget {a.budget}, {a.pace_s:g} s per window (x0.85-1.15 per host); {doc['in_class']} joined "
+                  f"the class; engine CPU per host {cpu_w * 1000:.0f} ms per window")
             for name, v in [("tell (window committed)", lat["tell_ms"]), ("ask (observations + pending + "
                                                                           "announce)", lat["ask_ms"])]:
                 print(f"  {name:<44} n={v['n']:>5}  p50 {fmt(v['p50'], 2)} ms  p99 {fmt(v['p99'], 2)} ms  "

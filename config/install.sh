@@ -11,6 +11,9 @@ if [ "${1:-}" = "--dev" ]; then mode=dev; venv="${2:-$here/.venv}"; fi
 if [ "$(id -u)" != 0 ]; then echo "install.sh: run as root (it installs Debian packages)" >&2; exit 5; fi
 
 apt_pkgs=(python3 python3-venv python3-dev gcc libsystemd-dev pkg-config iproute2 ethtool sockperf stress-ng procps)
+# the study-store tests and benchmarks/fleet.py start a private PostgreSQL cluster in a temp dir
+# (initdb/pg_ctl from /usr/lib/postgresql/*/bin; never the system cluster)
+if [ "$mode" = dev ]; then apt_pkgs+=(postgresql); fi
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

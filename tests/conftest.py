@@ -3,6 +3,11 @@
 ``real_kernel``: for tests that change real global kernel knobs or create namespaces. Skips with a
 clear reason when not root; serialises against every other real-kernel user on the machine with an
 flock on /tmp/polltuned-realkernel.lock (helpers, benches and CI share one VM).
+
+``pg_cluster`` / ``pg_dsn``: a private PostgreSQL cluster (benchmarks/pgcluster.py: initdb + pg_ctl in a
+temp dir, Unix socket only, started once per test session, never the system cluster) and a fresh
+database per test; skips with the reason when the server binaries or psycopg are missing.
+``store_factory``: the study-store contract tests' backends (jsonl, sqlite, postgresql, fleet).
 """
 
 from __future__ import annotations
