@@ -533,3 +533,30 @@ def test_a_corrupt_sqlite_file_is_a_typed_error(tmp_path: Path) -> None:
         c.execute("UPDATE pt_meta SET value = '9' WHERE key = 'schema'")
     with pytest.raises(JournalError, match="schema version"):
         SqliteStudy(good, "f")
+
+
+def test_a_daemon_with_an_unreachable_database_tunes_alone_and_status_says_so(tmp_path: Path) -> None:
+    from polltuned.daemon.render import render_status
+    from polltuned.daemon.statusdoc import build_status
+    from polltuned.daemon.wiring import build_daemon
+    from polltuned.probes.sim import make_fake_host_tree
+
+    repo = Path(__file__).resolve().parents[1]
+    pol_file = tmp_path / "p.toml"
+    pol_file.write_text(f'include = ["{repo}/policies/sim-default.toml"]\nname = "fleet-down"\n'
+                        "[tuning]\nbudget = 6\n[confirm]\npairs = 2\n")
+    p = load_policy(str(pol_file))
+    root = tmp_path / "root"
+    make_fake_host_tree(root, p.knobs)
+    cfg = StudyConfig(backend="postgresql", dsn=f"postgresql://pt:pw@127.0.0.1:{closed_port()}/pt",
+                      connect_timeout_s=2)
+    d = build_daemon(policy=p, host_root=str(root), state_dir=str(tmp_path / "state"), clock=FakeClock(),
+                     max_rounds=1, study=cfg)
+    docs = [build_status(d, d.controller) for _ in d.controller.steps()]
+    st = docs[-1]["study"]
+    assert st["backend"] == "postgresql" and st["location"] == f"postgresql://pt@127.0.0.1:{cfg.dsn.rsplit(':', 1)[1]}"
+    assert st["membership"] == "alone: shared store unavailable" and "tuning alone on the local store" in st["fallback"]
+    text = render_status(docs[-1], running=True, dirty=None, now=0.0)
+    assert "study:     postgresql postgresql://pt@127.0.0.1" in text and "tuning alone" in text and "pw" not in text
+    logs = open_local(tmp_path / "state", p).sessions()      # the round was recorded locally
+    assert len(logs) == 1 and logs[0].ended

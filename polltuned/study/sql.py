@@ -34,7 +34,7 @@ import json
 import logging
 import math
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -342,21 +342,3 @@ class SqlStudy(Study):
     def describe(self) -> StudyInfo:
         return StudyInfo(self.backend, self.location(), self.fingerprint, class_key=self.class_key,
                          hosts=self._hosts if self.shared else None, membership=self._membership)
-
-    def records(self) -> Iterator[dict[str, Any]]:
-        """Every record of this host's study in write order, as the JSON-lines file would hold it
-        (for export and tests)."""
-        where, params = self._own()
-        rows = self._exec(f"SELECT s.record, s.session, s.ended, s.result FROM pt_session s WHERE {where} "
-                          "ORDER BY s.seq", params)
-        for rec, sid, ended, result in rows:
-            yield json.loads(rec)
-            for w in self._exec("SELECT trial, phase, config, idx, status, value, y, ratio, score FROM pt_window "
-                                "WHERE session = ? ORDER BY seq", (sid,)):
-                trial, phase, cfg, idx, status, value, y, ratio, score = w
-                yield {"v": STUDY_VERSION, "kind": "window", "session": sid, "trial": trial, "phase": phase,
-                       "config": json.loads(cfg), "index": idx, "status": status, "value": value, "y": y,
-                       "ratio": bool(ratio), "score": json.loads(score) if score else None}
-            if ended:
-                yield {"v": STUDY_VERSION, "kind": "end", "session": sid,
-                       "result": json.loads(result) if result else None}
