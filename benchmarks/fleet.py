@@ -190,6 +190,35 @@ class TimedStore(Study):
         self.inner.close()
 
 
+class FreshSharedTuner(Tuner):
+    """EXPERIMENT (``--fresh-shared``), not the daemon's engine: re-reads the class's observations
+    whenever the engine re-tells its model (reference windows, proposals) and just before each
+    recommendation, instead of only at proposals — what an engine change would buy."""
+
+    def _retell(self, st: Any) -> None:
+        if st.in_class:
+            st.shared = self.store.shared_observations(st.session, st.baseline)
+        super()._retell(st)
+
+
+class RefreshingOptimiser:
+    """Delegates to an optimiser; ``best()`` first lets the tuner re-tell fresh class observations."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.tuner: FreshSharedTuner | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def best(self) -> Any:
+        t = self.tuner
+        if t is not None and t.state is not None and t.state.in_class:
+            t._retell(t.state)
+        return self.inner.best()
+
+
 @dataclass(frozen=True)
 class HostSpec:
     index: int
@@ -210,6 +239,7 @@ class RunSpec:
     workdir: str
     optimiser: str
     pending_timeout_s: float
+    fresh_shared: bool = False
 
 
 def open_host_store(spec: HostSpec, run: RunSpec) -> Study:
@@ -242,7 +272,12 @@ def host_main(spec: HostSpec, run: RunSpec, go: Any, out: Any) -> None:
         opt = make_optimiser(run.optimiser, Space.from_policy(p), base, seed=spec.seed,
                              initial_points=p.tuning.initial_points,
                              safety_limit=math.log(1 + p.guard.max_regression))
-        t = Tuner(p, env, store, clock=FakeClock(), optimiser=opt)
+        if run.fresh_shared and spec.mode == "fleet":
+            wrapped = RefreshingOptimiser(opt)
+            t = FreshSharedTuner(p, env, store, clock=FakeClock(), optimiser=wrapped)  # type: ignore[arg-type]
+            wrapped.tuner = t
+        else:
+            t = Tuner(p, env, store, clock=FakeClock(), optimiser=opt)
         go.wait()
         time.sleep(delay * run.pace_s)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -415,6 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--latency-optimiser", default="random",
                     help="optimiser of the latency run (random: the store, not 64 GP fits on 2 CPUs, is measured)")
     ap.add_argument("--pending-timeout-s", type=float, default=30.0)
+    ap.add_argument("--fresh-shared", action="store_true",
+                    help="EXPERIMENT: fleet hosts re-read the class's observations before every re-tell and "
+                         "recommendation (an engine change, not what the daemon does today)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--workdir", metavar="DIR", help="where the hosts' local stores go (default: a temp dir)")
     ap.add_argument("--quick", action="store_true", help="1 rep, budget 12, no pacing, no odd host (tests)")
@@ -435,7 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pgc = _load("pgcluster")
             cluster = pgc.PrivateCluster.start(max_connections=max(100, 2 * (a.latency_hosts or a.hosts) + 20))
         doc: dict[str, Any] = {"scenario": sc.name, "policy": pol.name, "budget": a.budget, "pace_s": a.pace_s,
-                               "store": a.store, "no_seeds": a.no_seeds, "J_star": j_star,
+                               "store": a.store, "no_seeds": a.no_seeds, "fresh_shared": a.fresh_shared,
+                               "J_star": j_star,
                                "optimum": {k: v for k, v in c_star.items() if default_config(pol).get(k) != v}}
         if a.latency_hosts:
             n = a.latency_hosts
@@ -470,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         dsn = (new_database(cluster, f"fleet_r{rep}") if cluster is not None
                                else str(work / f"fleet_r{rep}.sqlite3"))
                     run = RunSpec(run_pol, a.pace_s, a.store, dsn, str(work / f"r{rep}"), a.optimiser,
-                                  a.pending_timeout_s)
+                                  a.pending_timeout_s, a.fresh_shared)
                     res = run_hosts(host_specs(mode, a.hosts, a.scenario, rep + 1, a.odd), run,
                                     timeout_s=120 + a.budget * max(a.pace_s, 0.05) * 40)
                     raw[mode] += res
