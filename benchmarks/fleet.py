@@ -41,6 +41,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -553,6 +554,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
