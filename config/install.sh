@@ -64,7 +64,9 @@ fi
 apt_pkgs=(python3 python3-venv python3-dev gcc libsystemd-dev pkg-config iproute2 ethtool sockperf stress-ng procps
           nginx wrk memcached)
 # the dev extras: systemd-nspawn boots a real systemd for tests/test_systemd_container.py
-if [ "$mode" = dev ]; then apt_pkgs+=(systemd-container); fi
+# and the study-store tests and benchmarks/fleet.py start a private PostgreSQL cluster in a temp dir
+# (initdb/pg_ctl from /usr/lib/postgresql/*/bin; never the system cluster)
+if [ "$mode" = dev ]; then apt_pkgs+=(systemd-container postgresql); fi
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

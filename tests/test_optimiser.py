@@ -64,24 +64,27 @@ def test_seeds_are_tried_one_knob_at_a_time(pol: Policy) -> None:
     assert all(len(c) <= 2 for c in changed)
 
 
-def test_skopt_starts_with_a_space_filling_design_not_the_seeds(pol: Policy) -> None:
+def test_skopt_starts_with_a_space_filling_design_the_seeds_at_most_half(pol: Policy) -> None:
     base = default_config(pol)
     sp = Space.from_policy(pol)
     opt = SkoptOptimiser(sp, base, seed=0, initial_points=8, safety_limit=math.log(1.5))
     first = [opt.ask() for _ in range(8)]
-    seeds = {sp.key_of(c) for c in sp.seed_configs(base)}
-    assert not seeds & {sp.key_of(c) for c in first}          # seeds are candidates, not the start
-    assert sp.key_of(base) not in {sp.key_of(c) for c in first}
-    br = [int(c["net.core.busy_read"]) for c in first]
-    assert 2 <= sum(v == 0 for v in br) <= 6                  # the switch is tried off and on
-    on = [v for v in br if v > 0]
-    assert max(on) / min(on) >= 10                            # values spread over the log range
-    assert {c["kernel.timer_migration"] for c in first} == {0, 1}
-    # the same design with the seeds removed from the policy: the seeds never steer the start
+    keys = [sp.key_of(c) for c in first]
+    seeds = [sp.key_of(c) for c in sp.seed_configs(base)]
+    seeded = [k for k in keys if k in seeds]
+    assert 1 <= len(seeded) <= 4 and sp.key_of(base) not in keys   # extra candidates, half at most
+    # without seeds the whole start is space-filling: the switch tried off and on, values spread over
+    # the log range, every category
     knobs = {k: v.model_copy(update={"seeds": []}) for k, v in pol.knobs.items()}
     sp2 = Space.from_policy(pol.model_copy(update={"knobs": knobs}))
     opt2 = SkoptOptimiser(sp2, base, seed=0, initial_points=8, safety_limit=math.log(1.5))
-    assert [sp2.key_of(opt2.ask()) for _ in range(8)] == [sp.key_of(c) for c in first]
+    free = [opt2.ask() for _ in range(8)]
+    assert not {sp2.key_of(c) for c in free} & set(seeds)
+    br = [int(c["net.core.busy_read"]) for c in free]
+    assert 2 <= sum(v == 0 for v in br) <= 6
+    on = [v for v in br if v > 0]
+    assert max(on) / min(on) >= 10
+    assert {c["kernel.timer_migration"] for c in free} == {0, 1}
 
 
 def test_random_and_grid_do_not_repeat(pol: Policy) -> None:

@@ -1,10 +1,11 @@
-"""Durable trial history: resume an unfinished study, warm-start a new one, tolerate a torn tail."""
+"""Durable trial history: resume an unfinished study, warm-start a new one (on every store backend:
+JSON lines, SQLite, PostgreSQL, the fleet store), tolerate a torn tail."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from polltuned.optimiser.space import Space
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
 from polltuned.records import KnobValue
-from polltuned.study import Study, fingerprint, parse_study
+from polltuned.study import fingerprint, parse_study
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
 
@@ -46,11 +47,11 @@ class SpyOptimiser(RandomOptimiser):
         return super().best()
 
 
-def test_resume_continues_the_unfinished_session(tmp_path: Path) -> None:
+def test_resume_continues_the_unfinished_session(store_factory: Any) -> None:
     p = policy(budget=12)
     sc = load_scenario("busypoll_split")
     env = ScenarioEnv(p, sc, seed=0)
-    study = Study.open(tmp_path, p)
+    study = store_factory(p)
     t1 = Tuner(p, env, study, clock=FakeClock())
     gen = t1.run()
     for ev in gen:  # "crash" after the 6th window
@@ -64,7 +65,7 @@ def test_resume_continues_the_unfinished_session(tmp_path: Path) -> None:
 
     env2 = ScenarioEnv(p, sc, seed=1, baseline=default_config(p))
     spy = SpyOptimiser(Space.from_policy(p), env2.current(), seed=0)
-    t2 = Tuner(p, env2, Study.open(tmp_path, p), clock=FakeClock(), optimiser=spy)
+    t2 = Tuner(p, env2, store_factory(p), clock=FakeClock(), optimiser=spy)
     list(t2.run())
     assert t2.result is not None and t2.result.windows_used == 12
     # only the remaining 6 windows were measured during the search
@@ -73,38 +74,39 @@ def test_resume_continues_the_unfinished_session(tmp_path: Path) -> None:
     # the old windows were replayed into the fresh optimiser as log-ratios to their references
     assert len(spy.retold) >= done_before
     assert all(abs(y) < 5 for _, y in spy.retold)
-    s2 = Study.open(tmp_path, p).sessions()
+    s2 = store_factory(p).sessions()
     assert len(s2) == 1 and s2[0].ended and s2[0].session == s[0].session
 
 
-def test_warm_start_tells_comparable_values_only(tmp_path: Path) -> None:
+def test_warm_start_tells_comparable_values_only(store_factory: Any) -> None:
     p = policy(budget=8)
     sc = load_scenario("epoll_busypoll")
     base = default_config(p)
-    t1 = Tuner(p, ScenarioEnv(p, sc, seed=0), Study.open(tmp_path, p), clock=FakeClock())
+    t1 = Tuner(p, ScenarioEnv(p, sc, seed=0), store_factory(p), clock=FakeClock())
     list(t1.run())
-    first_session = Study.open(tmp_path, p).sessions()[0]
+    first_session = store_factory(p).sessions()[0]
     expected = [(w.config, w.y) for w in first_session.windows
                 if w.y is not None and w.phase in ("baseline", "trial") and w.status in ("ok", "aborted")]
     assert expected and all(w.ratio for w in first_session.windows if w.phase == "baseline" and w.y is not None)
     # an old-format session (a baseline window's raw J stored in y) and a session that started from
     # another baseline are on file too: neither may reach the optimiser
     other = {**base, "net.core.busy_poll": 50}
-    with open(Study.open(tmp_path, p).path or "", "a", encoding="utf-8") as fh:
-        for rec in ({"kind": "session", "session": "old", "baseline": base, "seed": 0},
-                    {"kind": "window", "session": "old", "trial": -1, "phase": "baseline", "config": base,
-                     "status": "ok", "y": 233.2, "value": 233.2},
-                    {"kind": "window", "session": "old", "trial": 0, "phase": "trial", "config": other,
-                     "status": "ok", "y": -0.19},
-                    {"kind": "end", "session": "old", "result": {}},
-                    {"kind": "session", "session": "elsewhere", "baseline": other, "seed": 0},
-                    {"kind": "window", "session": "elsewhere", "trial": 0, "phase": "trial", "config": base,
-                     "status": "ok", "y": 0.4},
-                    {"kind": "end", "session": "elsewhere", "result": {}}):
-            fh.write(json.dumps({"v": 1, **rec}) + "\n")
+    st = store_factory(p)
+    for rec in ({"kind": "session", "session": "old", "baseline": base, "seed": 0},
+                {"kind": "window", "session": "old", "trial": -1, "phase": "baseline", "config": base,
+                 "status": "ok", "y": 233.2, "value": 233.2},
+                {"kind": "window", "session": "old", "trial": 0, "phase": "trial", "config": other,
+                 "status": "ok", "y": -0.19},
+                {"kind": "end", "session": "old", "result": {}},
+                {"kind": "session", "session": "elsewhere", "baseline": other, "seed": 0},
+                {"kind": "window", "session": "elsewhere", "trial": 0, "phase": "trial", "config": base,
+                 "status": "ok", "y": 0.4},
+                {"kind": "end", "session": "elsewhere", "result": {}}):
+        fields = {k: v for k, v in rec.items() if k != "kind"}
+        st.append(str(rec["kind"]), **fields)
     env = ScenarioEnv(p, sc, seed=1)
     spy = SpyOptimiser(Space.from_policy(p), env.current(), seed=1)
-    gen = Tuner(p, env, Study.open(tmp_path, p), clock=FakeClock(), optimiser=spy).run()
+    gen = Tuner(p, env, store_factory(p), clock=FakeClock(), optimiser=spy).run()
     first = next(gen)
     assert "warm start" in first.message
     for _ in range(3):  # the first baseline window of the new session: priors are told with it
@@ -117,7 +119,7 @@ def test_warm_start_tells_comparable_values_only(tmp_path: Path) -> None:
 
     cold = policy(budget=8, warm=False)
     spy2 = SpyOptimiser(Space.from_policy(cold), env.current(), seed=1)
-    gen2 = Tuner(cold, ScenarioEnv(cold, sc, seed=1), Study.open(tmp_path, cold), clock=FakeClock(),
+    gen2 = Tuner(cold, ScenarioEnv(cold, sc, seed=1), store_factory(cold), clock=FakeClock(),
                  optimiser=spy2).run()
     for _ in range(3):
         next(gen2)

@@ -21,25 +21,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def study_rows(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
-    """(policy name, one row per window record of the chosen session(s)) from the study file."""
+def open_store(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(policy, the policy's study store as the daemon config's ``[study]`` names it)."""
     from polltuned.daemon.config import load_config
+    from polltuned.host.fs import FsHost
     from polltuned.policy.loader import load_policy
-    from polltuned.study import Study
+    from polltuned.study.select import open_for_host
 
     ref, nic = args.policy, args.nic
+    cfg = load_config(args.config) if Path(args.config).is_file() else None
     if ref is None:
-        if not Path(args.config).is_file():
+        if cfg is None:
             raise UsageError("no --policy given and no daemon config at " + args.config)
-        cfg = load_config(args.config)
         ref, nic = cfg.policy, nic or cfg.nic
     pol = load_policy(ref, nic=nic)
-    st = Study.open(args.state_dir, pol)
-    records = [json.loads(line) for line in st.text().splitlines() if line.strip().startswith("{")
-               and line.strip().endswith("}")]
-    sessions = [r["session"] for r in records if r.get("kind") == "session"]
+    store = open_for_host(cfg.study if cfg is not None else None, args.state_dir, pol,
+                          FsHost(getattr(args, "host_root", "/")))
+    return pol, store
+
+
+def study_rows(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
+    """(policy name, one row per window record of the chosen session(s)) from the study."""
+    name, rows, _info = study_history(args)
+    return name, rows
+
+
+def study_history(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """(policy name, window rows of the chosen session(s), the store's description)."""
+    pol, store = open_store(args)
+    try:
+        logs = store.sessions()
+        if hasattr(store, "refresh"):
+            store.refresh()
+        info = store.describe().to_json()
+    finally:
+        store.close()
+    sessions = [s.session for s in logs]
     if not sessions:
-        return pol.name, []
+        return pol.name, [], info
     if args.session:
         if args.session not in sessions:
             raise UsageError(f"--session: {args.session!r} not in {sessions}")
@@ -47,22 +66,26 @@ def study_rows(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     else:
         wanted = set(sessions) if args.all else {sessions[-1]}
     rows = []
-    for r in records:
-        if r.get("kind") != "window" or r.get("session") not in wanted:
+    for s in logs:
+        if s.session not in wanted:
             continue
-        sc = r.get("score") or {}
-        rows.append({"session": r["session"], "trial": r.get("trial"), "phase": r.get("phase"),
-                     "status": r.get("status"), "config": r.get("config") or {}, "objective": r.get("value"),
-                     "latency_us": sc.get("latency_us"), "cpu_cores": sc.get("cpu_cores"),
-                     "reasons": sc.get("reasons") or []})
-    return pol.name, rows
+        for w in s.windows:
+            sc = w.score or {}
+            rows.append({"session": s.session, "trial": w.trial, "phase": w.phase, "status": w.status,
+                         "config": w.config, "objective": w.value, "latency_us": sc.get("latency_us"),
+                         "cpu_cores": sc.get("cpu_cores"), "reasons": sc.get("reasons") or []})
+    return pol.name, rows, info
 
 
 def run(args: argparse.Namespace) -> int:
-    name, rows = study_rows(args)
+    from polltuned.daemon.render import study_lines
+
+    name, rows, info = study_history(args)
     if args.json:
-        print(json.dumps({"policy": name, "windows": rows}, indent=1, default=str))
+        print(json.dumps({"policy": name, "study": info, "windows": rows}, indent=1, default=str))
         return int(ExitCode.OK)
+    for line in study_lines(info):
+        print(line)
     if not rows:
         print(f"policy {name}: no recorded trials in {args.state_dir}")
         return int(ExitCode.OK)

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         policy, host_root, state_dir, run_dir = sim.swap_probe(policy), sim.host_root, sim.state_dir, sim.run_dir
         clock = ScaledClock(args.sim_speed)
     d = build_daemon(policy=policy, host_root=host_root, state_dir=state_dir, clock=clock,
-                     max_rounds=args.max_rounds, observe=bool(getattr(args, "observe", False)))
+                     max_rounds=args.max_rounds, observe=bool(getattr(args, "observe", False)),
+                     study=cfg.study)
     # the keep marker of the previous run counts only for the journal epoch it was written in
     marker = read_kept(state_dir)
     if marker is not None:

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from polltuned.errors import PolicyError
+from polltuned.study.config import StudyConfig
 
 
 class MetricsConfig(BaseModel):
@@ -60,6 +61,7 @@ class DaemonConfig(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     status_interval_s: float = Field(5.0, gt=0)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    study: StudyConfig = Field(default_factory=StudyConfig)
 
 
 def load_config(path: str | Path) -> DaemonConfig:

@@ -27,6 +27,24 @@ def _pct(x: Any) -> str:
     return "-" if not isinstance(x, (int, float)) else f"{x * 100:+.1f} %"
 
 
+def study_lines(st: Mapping[str, Any] | None) -> list[str]:
+    """The study store, its workload class and how many hosts share it (status and history)."""
+    if not st:
+        return []
+    line = f"study:     {st.get('backend', '?')} {st.get('location', '?')}"
+    ck, hosts = st.get("class_key"), st.get("hosts")
+    if st.get("backend") == "postgresql":
+        shared = (f", shared by {hosts} host{'' if hosts == 1 else 's'}" if isinstance(hosts, int)
+                  else ", hosts not counted yet")
+        line += f"; class {ck or '?'}{shared}; this host: {st.get('membership', '?')}"
+    elif ck:
+        line += f"; class {ck} (this host only)"
+    out = [line]
+    if st.get("fallback"):
+        out.append(f"           {st['fallback']}")
+    return out
+
+
 def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: float | None = None) -> str:
     now = time.time() if now is None else now
     out: list[str] = []
@@ -52,6 +70,7 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         out.append(f"progress:  trial {_fmt(prog.get('trial'))}, "
                    f"measurement windows {_fmt(prog.get('windows_used'))} of {_fmt(prog.get('windows_budget'))} "
                    f"(the budget), tuning round {_fmt(prog.get('round'))}")
+    out += study_lines(doc.get("study"))
     knobs = doc.get("knobs") or []
     if knobs:
         out.append("")

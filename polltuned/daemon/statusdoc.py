@@ -72,6 +72,9 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
         "counters": d.counters.summary(),
         "on_exit": pol.on_exit,
     }
+    store = getattr(d, "study", None)   # polltuned.study.Study of the current round ([study] in the config)
+    if store is not None:
+        doc["study"] = store.describe().to_json()
     scope = getattr(c.env, "cpu_scope", None)   # polltuned.metrics.cpu_scope.CpuScope, once the env has one
     if scope is not None and callable(getattr(scope, "status", None)):
         doc["cpu_scope"] = scope.status()

@@ -22,6 +22,8 @@ from polltuned.host.fs import FsHost, Host
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
+from polltuned.study import Study
+from polltuned.study.config import StudyConfig
 
 log = logging.getLogger("polltuned.daemon")
 
@@ -152,6 +154,8 @@ class Daemon:
     #: see them (polltuned.engine.builder.prepare_policy)
     dropped_knobs: dict[str, str] = field(default_factory=dict)
     windows: WindowCounts = field(default_factory=WindowCounts)
+    #: the study store of the current tuning round ([study] in the config; status shows it)
+    study: Study | None = None
 
     def fit(self, policy: Policy) -> Policy:
         """The policy restricted to what this host and its probe support (one log line per dropped
@@ -178,10 +182,11 @@ def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, co
 
 
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,
-                 max_rounds: int | None = None, observe: bool = False) -> Daemon:
+                 max_rounds: int | None = None, observe: bool = False,
+                 study: StudyConfig | None = None) -> Daemon:
     from polltuned.engine.builder import build_actuator, build_tuner, prepare_policy
     from polltuned.host.identity import host_fingerprint
-    from polltuned.study import Study
+    from polltuned.study.select import open_for_host
 
     host = FsHost(host_root)
     sd = Path(state_dir)
@@ -200,8 +205,11 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
             built[key] = CountingEnv(build_env(pol, host, actuator, clock, counters), windows)
             controller.env = built[key]  # HOLD measures under the new policy's probe too
         rounds["n"] += 1
+        if daemon.study is not None:
+            daemon.study.close()
+        daemon.study = open_for_host(study, sd, pol, host, clock=clock)
         # the first round of a run may re-apply a confirmed deployment instead of searching again
-        return build_tuner(pol, built[key], Study.open(sd, pol), clock,
+        return build_tuner(pol, built[key], daemon.study, clock,
                            host_fingerprint=host_fingerprint(host, pol.nic), resume=rounds["n"] == 1,
                            observe=observe, dropped=daemon.dropped_knobs)
 

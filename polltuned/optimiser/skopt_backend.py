@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import math
 import os
-from itertools import zip_longest
 from collections.abc import Mapping, Sequence
+from itertools import zip_longest
 from typing import Any
 
 import numpy as np

@@ -1,0 +1,22 @@
+"""Durable trial history behind one interface (:class:`Study`).
+
+Backends: JSON lines (polltuned.study.jsonl: today's format, still readable and writable), SQLite
+(polltuned.study.sqlite: the default; WAL, one transaction per record) and PostgreSQL
+(polltuned.study.postgres: one database for a fleet; polltuned.study.fleet pairs it with the
+host's local SQLite store). ``Study.open(state_dir, policy)`` opens the local default;
+polltuned.study.select opens what the daemon config's ``[study]`` section names.
+"""
+
+from polltuned.study.base import (
+    STUDY_VERSION,
+    SessionLog,
+    StoreUnavailable,
+    Study,
+    StudyInfo,
+    WindowRecord,
+    fingerprint,
+)
+from polltuned.study.jsonl import JsonlStudy, parse_study
+
+__all__ = ["STUDY_VERSION", "JsonlStudy", "SessionLog", "StoreUnavailable", "Study", "StudyInfo", "WindowRecord",
+           "fingerprint", "parse_study"]
