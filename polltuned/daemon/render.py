@@ -97,8 +97,9 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
                 diff = ", ".join(f"{k}={v}" for k, v in c.items() if base.get(k) != v)
                 out.append(f"  would try: {diff or '(baseline values)'}")
         elif mode == "search":
-            out.append(f"round: full search ({_fmt(res.get('windows_used'))} windows; window noise "
-                       f"{_fmt(res.get('window_noise_sd'))} in log J)")
+            noise = res.get("window_noise_sd")
+            out.append(f"round: full search ({_fmt(res.get('windows_used'))} windows; window-to-window noise "
+                       + (f"{noise:.2f} in log J" if isinstance(noise, (int, float)) else "unknown") + ")")
         obj = res.get("objective_name", "objective")
         b, c = res.get("baseline_objective"), res.get("best_objective")
         line = f"{obj}: baseline {_fmt(b)} -> best {_fmt(c)}"
