@@ -38,7 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "history": ("polltuned.cli.history", "list the measurement windows and trials recorded for a policy"),
     "report": ("polltuned.cli.report", "draw the recorded trials of a policy to a PNG"),
     "bench": ("polltuned.cli.bench",
-              "tune this host on the embedded netns+veth+sockperf world, then compare defaults/static/deployed"),
+              "tune this host on the embedded netns+veth world (sockperf, nginx or memcached), then compare "
+              "defaults/static/deployed (and an oracle) interleaved"),
     "sim": ("polltuned.cli.sim", "tune a simulated scenario with the real engine on a fake kernel tree"),
     "man": ("polltuned.cli.man", "print this manual page (roff, generated from the parser) to stdout"),
 }
