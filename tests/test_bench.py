@@ -312,3 +312,24 @@ def test_wait_for_quiet() -> None:
                                    timeout_s=45, progress=notes.append)
     assert not quiet and 45 <= waited <= 47
     assert any("did not get quiet" in n for n in notes) and any("waiting for a quiet machine" in n for n in notes)
+
+
+def test_bench_table_checks_the_issue_targets() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_workloads import verdicts
+
+    def arm(j: float, p99: float) -> dict[str, object]:
+        return {"objective": j, "p99_us": p99, "cpu_cores": 0.5}
+
+    good = {"default": arm(100, 90), "static": arm(10, 9), "deployed": arm(11, 10), "oracle": arm(10, 9)}
+    v = verdicts(good)
+    assert v["no_regression"] == "yes" and "met" in v["vs_best"] and "MISSED" not in v["vs_best"]
+    assert "96 %" in v["gain_share"] and "met" in v["gain_share"] and "(<= 1.2: met)" in v["vs_oracle"]
+    bad = {"default": arm(100, 90), "static": arm(10, 9), "deployed": arm(40, 95)}
+    w = verdicts(bad)
+    assert w["no_regression"] == "NO" and "MISSED" in w["vs_best"] and "MISSED" in w["gain_share"]
+    assert w["vs_oracle"] == "no oracle arm"
+    harmful = {"default": arm(100, 90), "static": arm(300, 250), "deployed": arm(100, 90)}
+    assert "not >= 2x" in verdicts(harmful)["gain_share"] and "met" in verdicts(harmful)["vs_best"]
