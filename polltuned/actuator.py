@@ -328,6 +328,10 @@ class Actuator:
             if already:
                 self.journal.append("restored", key=key, value=h.baseline_value)
                 return RollbackItem(key, "already", h.baseline_value)
+            # journal first, as for apply: a rollback killed inside a composite restore (one NAPI or
+            # IRQ of several put back) leaves an unsettled knob that the next rollback restores,
+            # never a half-restored value that would look like an admin change
+            self.journal.append("intent", key=key, value=h.baseline_value, rollback=True)
             k.restore(h.baseline_state)
             if not k.matches(h.baseline_state):
                 return RollbackItem(key, "failed", k.read(), f"restore of {h.baseline_value!r} did not stick")

@@ -11,7 +11,8 @@ Record types (v1):
 ``epoch``     a tuning epoch opens (host still clean; baselines follow)
 ``txn``       an apply transaction begins (``txn``, ``reason``)
 ``baseline``  a knob's state at first touch in the epoch (``key``, ``state`` snapshot, ``value``)
-``intent``    about to write ``value`` to ``key`` (``txn``)
+``intent``    about to write ``value`` to ``key`` (``txn``; ``rollback: true`` when rollback is about to
+              restore the baseline: a rollback killed mid-restore leaves the knob unsettled)
 ``applied``   ``key`` was written and read back as ``value`` (``txn``)
 ``undone``    a failed transaction put ``key`` back to ``value``
 ``observed``  ``key`` changed as a side effect of polltuned's own write (sysfs clobbers per-NAPI)
