@@ -15,7 +15,16 @@ apply(assignment) is a transaction:
 
 rollback() restores every baseline of the open epoch in reverse first-touch order, skipping
 released knobs and reporting vanished ones; when nothing failed it closes the epoch (``clean``).
-It needs nothing but the state directory, so it works from a fresh process after a crash.
+It needs nothing but the state directory, so it works from a fresh process after a crash. Each
+restore is journaled (``intent``) before it is written, like an apply.
+
+Per-part ownership: a knob made of independent parts (IRQ affinity: one part per IRQ, see
+Knob.parts) is judged part by part. A part someone else changed is released alone (``released``
+with ``parts``), the knob keeps managing the others, and rollback restores only what polltuned
+still owns. A part back at its original value, vanished, or newly created by the kernel is a
+kernel reset, never an admin change. Components the kernel created after the first touch
+(re-created NAPIs, new IRQs) are added to the baseline before polltuned first writes them
+(``baseline`` with ``extend``), so rollback puts them back to the kernel's defaults too.
 
 Test hook: ``POLLTUNED_TEST_PAUSE_AFTER=STAGE[:N]`` (STAGE in baseline, intent, write) makes the
 process SIGSTOP itself right after the Nth such step (default 1st; the record is already
@@ -81,7 +90,8 @@ class RollbackReport:
         return all(i.outcome != "failed" for i in self.items)
 
 
-VerifyState = Literal["holds", "admin-changed", "kernel-reset", "gone", "released", "restored", "interrupted"]
+VerifyState = Literal["holds", "admin-changed", "partly-released", "kernel-reset", "gone", "released", "restored",
+                      "interrupted"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,12 @@ class VerifyRow:
     live: KnobValue | None
     baseline: KnobValue | None
     detail: str = ""
+    #: parts released to the admin by this verification (state partly-released)
+    released_now: tuple[str, ...] = ()
+    #: parts back at their original value, vanished or new (a kernel reset of those parts)
+    reset_parts: tuple[str, ...] = ()
+    #: every part released so far (this verification and earlier ones)
+    released_parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,17 @@ class ManagedKnob:
     last_written: KnobValue | None
     live: KnobValue | None
     state: Literal["polltuned", "released", "unsupported", "gone", "restored"]
+    #: parts released to the admin (IRQ numbers); the knob still manages the others
+    released_parts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How a knob's live value relates to what polltuned left there (see Actuator.judge)."""
+
+    state: Literal["holds", "kernel-reset", "admin-changed", "partly-released"]
+    admin_parts: tuple[str, ...] = ()
+    reset_parts: tuple[str, ...] = ()
 
 
 class _Pauser:
@@ -192,7 +219,7 @@ class Actuator:
                     pause.step("baseline")
                     baselines[key] = snap
                 else:
-                    baselines[key] = hist.baseline_state
+                    baselines[key] = self._extend_baseline(knobs[key], hist)
             # pre-transaction state for undo
             pre: dict[str, JsonValue] = {key: knobs[key].snapshot() for key in todo}
             before: dict[str, KnobValue] = {key: knobs[key].read() for key in todo}
@@ -206,10 +233,13 @@ class Actuator:
                     self.journal.append("intent", key=key, value=values[key], txn=txn)
                     pause.step("intent")
                     touched.append(key)
-                    k.write(values[key], baseline=baselines[key])
+                    hist = st.knobs.get(key)
+                    mine = values[key] if hist is None or not hist.released_parts else \
+                        k.without_parts(values[key], baselines[key], hist.released_parts)
+                    k.write(mine, baseline=baselines[key])
                     pause.step("write")
-                    if not k.verify(values[key]):
-                        raise HostError(f"{key}: wrote {values[key]!r} but the kernel reads back {k.read()!r}",
+                    if not k.verify(mine):
+                        raise HostError(f"{key}: wrote {mine!r} but the kernel reads back {k.read()!r}",
                                         hint="the kernel or driver clamped/rejected the value; nothing kept")
                     after = k.read()
                     self.journal.append("applied", key=key, value=after, txn=txn)
@@ -253,8 +283,77 @@ class Actuator:
                 failures.append(key)
         return failures
 
+    def _extend_baseline(self, k: Knob, h: KnobHistory) -> JsonValue:
+        """The baseline with the components the kernel created since (journaled before any write)."""
+        try:
+            now_state, now_value = k.snapshot(), k.read()
+        except (HostError, PolltunedError):
+            return h.baseline_state
+        state, value = k.extend_baseline(h.baseline_state, h.baseline_value, now_state, now_value)
+        if state != h.baseline_state or value != h.baseline_value:
+            self.journal.append("baseline", key=h.key, state=state, value=value, kind=k.kind, extend=True)
+            log.info("%s: components created by the kernel since the first touch added to the baseline",
+                     h.key, extra={"knob": h.key})
+        return state
+
+    def judge(self, key: str, h: KnobHistory, live: KnobValue | None) -> Judgement:
+        """Pure comparison of a settled knob's live value with what polltuned last left there.
+
+        Indivisible knobs: the same -> holds; back at the original -> kernel-reset (a knob back at its
+        original value is never an admin release); anything else -> admin-changed. Knobs with parts
+        (Knob.parts) are judged part by part, skipping parts already released: a part someone else
+        changed is an admin part; a part back at its original, vanished or newly created is a reset
+        part. Admin parts covering every owned part -> admin-changed (the whole knob); some ->
+        partly-released; only reset parts -> kernel-reset."""
+        k = self.knob(key)
+        last, now = k.parts(h.last_value), k.parts(live)
+        if last is None or now is None:
+            if _same(live, h.last_value):
+                return Judgement("holds")
+            if _same(live, h.baseline_value):
+                return Judgement("kernel-reset")
+            return Judgement("admin-changed")
+        base = k.parts(h.baseline_value) or {}
+        owned = [p for p in last if p not in h.released_parts]
+        admin: list[str] = []
+        reset: list[str] = []
+        for p in owned:
+            if p not in now:
+                reset.append(p)            # IRQ freed or re-numbered, now managed by the kernel
+            elif now[p] == last[p]:
+                continue
+            elif base.get(p) == now[p]:
+                reset.append(p)
+            else:
+                admin.append(p)
+        reset += [p for p in now if p not in last and p not in h.released_parts]  # created by the kernel
+        if admin and len(admin) == len(owned) and not reset:
+            return Judgement("admin-changed", tuple(admin))
+        if admin:
+            return Judgement("partly-released", tuple(admin), tuple(reset))
+        if reset:
+            return Judgement("kernel-reset", (), tuple(reset))
+        return Judgement("holds")
+
+    def _release(self, key: str, h: KnobHistory, live: KnobValue | None, j: Judgement, why: str) -> None:
+        """Journal admin wins for ``j`` (the whole knob, or only its admin parts)."""
+        if j.state == "partly-released":
+            k = self.knob(key)
+            now, last = k.parts(live) or {}, k.parts(h.last_value) or {}
+            self.journal.append("released", key=key, parts=list(j.admin_parts),
+                                live={p: now.get(p) for p in j.admin_parts},
+                                expected={p: last.get(p) for p in j.admin_parts})
+            log.warning("%s: %s changed outside polltuned (%s): released, admin wins; polltuned keeps the rest",
+                        key, ", ".join(j.admin_parts),
+                        ", ".join(f"{p}: {last.get(p)} -> {now.get(p)}" for p in j.admin_parts), extra={"knob": key})
+            return
+        self.journal.append("released", key=key, live=live, expected=h.last_value)
+        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released, %s",
+                    key, live, h.last_value, why, extra={"knob": key})
+
     def _admin_changed(self, key: str, h: KnobHistory) -> bool:
-        """Journal a release when the live value differs from what polltuned last left there."""
+        """Journal a release when the live value differs from what polltuned last left there.
+        True when the whole knob was released (a part released alone leaves the knob managed)."""
         if not h.settled:  # interrupted write: we do not know; rollback restores the baseline
             return False
         try:
@@ -263,12 +362,10 @@ class Actuator:
             return False
         except (HostError, PolltunedError):
             return False
-        if _same(live, h.last_value) or _same(live, h.baseline_value):  # unchanged, or reset by the kernel
-            return False
-        self.journal.append("released", key=key, live=live, expected=h.last_value)
-        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released, admin wins",
-                    key, live, h.last_value, extra={"knob": key})
-        return True
+        j = self.judge(key, h, live)
+        if j.state in ("admin-changed", "partly-released"):
+            self._release(key, h, live, j, "admin wins")
+        return j.state == "admin-changed"
 
     # -- rollback -----------------------------------------------------------------------------
     def rollback(self) -> RollbackReport:
@@ -284,7 +381,8 @@ class Actuator:
                 pre = self._rollback_precheck(h)
                 if pre is not None:
                     early[h.key] = pre
-            items = [early[h.key] if h.key in early else self._rollback_one(h) for h in ordered]
+            now = self.journal.state().knobs   # with the parts released by the prechecks
+            items = [early[h.key] if h.key in early else self._rollback_one(now[h.key]) for h in ordered]
             clean = all(i.outcome != "failed" for i in items)
             if clean:
                 self.journal.append("clean", epoch=st.epoch)
@@ -309,31 +407,36 @@ class Actuator:
             return None
         except PolltunedError as e:
             return RollbackItem(key, "failed", None, e.message)
-        # back at its original value = not an admin choice (kernel reset, or a rollback killed between
-        # its write and its journal record): restore it fully (composite knobs may be half done)
-        if h.settled and not _same(live, h.last_value) and not _same(live, h.baseline_value):
-            self.journal.append("released", key=key, live=live, expected=h.last_value)
-            log.warning("%s: changed outside polltuned (%r); rollback leaves it", key, live, extra={"knob": key})
-            return RollbackItem(key, "released", live, "changed by the admin; left alone")
+        # back at its original value = not an admin choice (kernel reset): restore it fully
+        if h.settled:
+            j = self.judge(key, h, live)
+            if j.state == "admin-changed":
+                self._release(key, h, live, j, "rollback leaves it")
+                return RollbackItem(key, "released", live, "changed by the admin; left alone")
+            if j.state == "partly-released":
+                self._release(key, h, live, j, "rollback leaves it")
         return None
 
     def _rollback_one(self, h: KnobHistory) -> RollbackItem:
         key = h.key
         try:
             k = self.knob(key)
+            released = h.released_parts   # released to the admin (now, or earlier): left as the admin set them
+            target = k.state_without(h.baseline_state, released)
+            left = f"; {', '.join(sorted(released))} left to the admin" if released else ""
             try:
-                already = k.matches(h.baseline_state)
+                already = k.matches(target)
             except ParseError:
                 already = False
             if already:
                 self.journal.append("restored", key=key, value=h.baseline_value)
-                return RollbackItem(key, "already", h.baseline_value)
+                return RollbackItem(key, "already", h.baseline_value, left.lstrip("; "))
             # journal first, as for apply: a rollback killed inside a composite restore (one NAPI or
             # IRQ of several put back) leaves an unsettled knob that the next rollback restores,
             # never a half-restored value that would look like an admin change
             self.journal.append("intent", key=key, value=h.baseline_value, rollback=True)
-            k.restore(h.baseline_state)
-            if not k.matches(h.baseline_state):
+            k.restore(target)
+            if not k.matches(target):
                 return RollbackItem(key, "failed", k.read(), f"restore of {h.baseline_value!r} did not stick")
         except KnobGone as e:
             self.journal.append("gone", key=key, detail=e.message)
@@ -341,8 +444,8 @@ class Actuator:
         except PolltunedError as e:
             return RollbackItem(key, "failed", None, e.message)
         self.journal.append("restored", key=key, value=h.baseline_value)
-        log.info("%s: restored %r", key, h.baseline_value, extra={"knob": key})
-        return RollbackItem(key, "restored", h.baseline_value)
+        log.info("%s: restored %r%s", key, h.baseline_value, left, extra={"knob": key})
+        return RollbackItem(key, "restored", h.baseline_value, left.lstrip("; "))
 
     # -- verify / status ---------------------------------------------------------------------
     def verify(self) -> list[VerifyRow]:
@@ -366,19 +469,31 @@ class Actuator:
             return VerifyRow(key, "gone", h.last_value, None, h.baseline_value, e.message)
         except PolltunedError as e:
             return VerifyRow(key, "gone", h.last_value, None, h.baseline_value, e.message)
+        earlier = tuple(sorted(h.released_parts))
         if not h.settled:
             return VerifyRow(key, "interrupted", h.last_value, live, h.baseline_value,
-                             "a write was interrupted (crash); rollback restores the baseline")
-        if _same(live, h.last_value):
-            return VerifyRow(key, "restored" if h.restored else "holds", h.last_value, live, h.baseline_value)
-        if _same(live, h.baseline_value):
+                             "a write was interrupted (crash); rollback restores the baseline",
+                             released_parts=earlier)
+        if h.restored and _same(live, h.last_value):
+            return VerifyRow(key, "restored", h.last_value, live, h.baseline_value, released_parts=earlier)
+        j = self.judge(key, h, live)
+        note = f"; {', '.join(earlier)} released to the admin earlier" if earlier else ""
+        if j.state == "holds":
+            return VerifyRow(key, "holds", h.last_value, live, h.baseline_value, note.lstrip("; "),
+                             released_parts=earlier)
+        if j.state == "kernel-reset":
+            what = f"{', '.join(j.reset_parts)} " if j.reset_parts else ""
             return VerifyRow(key, "kernel-reset", h.last_value, live, h.baseline_value,
-                             "back at its original value (device reset or re-created)")
-        self.journal.append("released", key=key, live=live, expected=h.last_value)
-        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released", key, live, h.last_value,
-                    extra={"knob": key})
+                             f"{what}back at the original value, re-created or new (device reset)" + note,
+                             reset_parts=j.reset_parts, released_parts=earlier)
+        self._release(key, h, live, j, "admin wins")
+        if j.state == "partly-released":
+            return VerifyRow(key, "partly-released", h.last_value, live, h.baseline_value,
+                             f"{', '.join(j.admin_parts)} changed outside polltuned: released (admin wins); "
+                             "polltuned keeps the rest", released_now=j.admin_parts, reset_parts=j.reset_parts,
+                             released_parts=tuple(sorted(h.released_parts | set(j.admin_parts))))
         return VerifyRow(key, "admin-changed", h.last_value, live, h.baseline_value,
-                         "changed outside polltuned: released (admin wins)")
+                         "changed outside polltuned: released (admin wins)", released_parts=earlier)
 
     def state(self) -> JournalState:
         return self.journal.state()
@@ -392,7 +507,7 @@ class Actuator:
                 continue
             try:
                 k = self.knob(h.key)
-                if not h.settled or not k.matches(h.baseline_state):
+                if not h.settled or not k.matches(k.state_without(h.baseline_state, h.released_parts)):
                     return True
             except KnobGone:
                 continue
@@ -415,5 +530,6 @@ class Actuator:
                 state = "gone"
             except PolltunedError:
                 state = "unsupported"
-            out.append(ManagedKnob(h.key, h.baseline_value, h.last_value, live, state))
+            out.append(ManagedKnob(h.key, h.baseline_value, h.last_value, live, state,
+                                   tuple(sorted(h.released_parts))))
         return out

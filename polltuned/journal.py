@@ -10,13 +10,19 @@ Record types (v1):
 
 ``epoch``     a tuning epoch opens (host still clean; baselines follow)
 ``txn``       an apply transaction begins (``txn``, ``reason``)
-``baseline``  a knob's state at first touch in the epoch (``key``, ``state`` snapshot, ``value``)
+``baseline``  a knob's state at first touch in the epoch (``key``, ``state`` snapshot, ``value``);
+              with ``extend: true`` for a knob already known: the same baseline plus components
+              the kernel created since (re-created NAPIs, new IRQs), written before polltuned
+              writes them (older readers ignore it: a second baseline of a known key)
 ``intent``    about to write ``value`` to ``key`` (``txn``; ``rollback: true`` when rollback is about to
               restore the baseline: a rollback killed mid-restore leaves the knob unsettled)
 ``applied``   ``key`` was written and read back as ``value`` (``txn``)
 ``undone``    a failed transaction put ``key`` back to ``value``
 ``observed``  ``key`` changed as a side effect of polltuned's own write (sysfs clobbers per-NAPI)
-``released``  admin wins: ``key`` was changed by someone else (``live``, ``expected``); never written again
+``released``  admin wins: ``key`` was changed by someone else (``live``, ``expected``); never written again.
+              With ``parts`` (a list, e.g. IRQ numbers of an IRQ affinity knob): only those parts
+              were changed and are released; polltuned keeps managing the others (older readers
+              release the whole knob: admin wins either way)
 ``restored``  rollback put ``key`` back to its baseline
 ``gone``      the object ``key`` lives on vanished (deleted veth/netns)
 ``txn-end``   the transaction finished (``ok``)
@@ -126,6 +132,8 @@ class KnobHistory:
     restored: bool = False
     gone: bool = False
     released_live: KnobValue | None = None
+    #: parts released to the admin (IRQ numbers of an IRQ affinity knob); the rest is still managed
+    released_parts: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -160,6 +168,10 @@ def replay(records: tuple[dict[str, Any], ...]) -> JournalState:
             if key not in st.knobs:
                 v = r.get("value")
                 st.knobs[key] = KnobHistory(key, len(st.knobs), r.get("state"), v, v)
+            elif r.get("extend") is True:
+                known = st.knobs[key]
+                known.baseline_state = r.get("state")
+                known.baseline_value = r.get("value")
         elif h is None:
             continue
         elif t == "intent":
@@ -171,8 +183,12 @@ def replay(records: tuple[dict[str, Any], ...]) -> JournalState:
             if t == "applied":
                 h.restored = False
         elif t == "released":
-            h.released = True
-            h.released_live = r.get("live")
+            parts = r.get("parts")
+            if isinstance(parts, list) and parts:
+                h.released_parts = h.released_parts | frozenset(str(p) for p in parts)
+            else:
+                h.released = True
+                h.released_live = r.get("live")
         elif t == "restored":
             h.restored = True
             h.settled = True
@@ -316,6 +332,8 @@ class Journal:
                     add("restored", key=h.key, value=h.baseline_value)
                 elif h.last_value != h.baseline_value:
                     add("observed", key=h.key, value=h.last_value, txn=st.last_txn)
+                if h.released_parts:
+                    add("released", key=h.key, live=None, expected=None, parts=sorted(h.released_parts))
                 if h.released:
                     add("released", key=h.key, live=h.released_live, expected=h.last_value)
                 if h.gone:

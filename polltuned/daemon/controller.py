@@ -56,6 +56,13 @@ class ActuatorLike(Protocol):
     def managed(self) -> Any: ...
 
 
+class WatcherLike(Protocol):
+    """polltuned.daemon.watch.Watcher: verifies the deployed knobs in HOLD (link events, every
+    ``hold.verify_every`` windows) and re-applies / releases / reports per knob."""
+
+    def step(self, *, window: int | None, every: int, deployed: Mapping[str, KnobValue]) -> Any: ...
+
+
 class WorkloadMeter(Protocol):
     """Counters view used in HOLD to notice workload drift: one number per signal per window."""
 
@@ -114,8 +121,10 @@ class Controller:
         meter: WorkloadMeter | None = None,
         max_rounds: int | None = None,
         kept: bool = False,
+        watcher: WatcherLike | None = None,
     ) -> None:
         self.kept = kept
+        self.watcher = watcher
         self.policy = policy
         self.actuator = actuator
         self.env = env
@@ -244,6 +253,7 @@ class Controller:
                 step = min(remaining, 1.0)
                 self.clock.sleep(step)
                 remaining -= step
+                self._watch(None)   # a link event on a managed device: verify at once
                 yield self.phase
             if self._stop or self._pending_policy is not None:
                 return False
@@ -263,6 +273,7 @@ class Controller:
                 except PolltunedError as e:
                     log.warning("HOLD: counters unavailable: %s", e.message)
             i += 1
+            self._watch(i)          # every hold.verify_every windows
             if no_baseline and w.ok:
                 # the last round could not measure a baseline (no traffic yet): tune once the probe works
                 usable += 1
@@ -289,6 +300,12 @@ class Controller:
                 yield self.phase
                 return True
         return False
+
+    def _watch(self, window: int | None) -> None:
+        if self.watcher is not None:
+            deployed = getattr(self.result, "deployed", None)
+            self.watcher.step(window=window, every=self.policy.hold.verify_every,
+                              deployed=deployed if isinstance(deployed, Mapping) else {})
 
     def _exit_steps(self) -> Iterator[str]:
         if self.policy.on_exit == "restore":
