@@ -484,7 +484,8 @@ class Actuator:
         if j.state == "kernel-reset":
             what = f"{', '.join(j.reset_parts)} " if j.reset_parts else ""
             return VerifyRow(key, "kernel-reset", h.last_value, live, h.baseline_value,
-                             f"{what}back at the original value, re-created or new (device reset)" + note,
+                             f"{what}back at the original value or re-created by the kernel (link down/up, "
+                             "driver reset)" + note,
                              reset_parts=j.reset_parts, released_parts=earlier)
         self._release(key, h, live, j, "admin wins")
         if j.state == "partly-released":

@@ -142,7 +142,7 @@ def _verification(ver: Any, now: float) -> list[str]:
         if not isinstance(ch, Mapping) or ch.get("state") == "admin":
             continue
         word = _VERIFY_WORDS.get(str(ch.get("state")), str(ch.get("state")))
-        out.append(f"  {word:<15} {ch.get('key')}" + (f" — {ch['detail']}" if ch.get("detail") else ""))
+        out.append(f"  {word:<17} {ch.get('key')}" + (f" — {ch['detail']}" if ch.get("detail") else ""))
     totals = ver.get("totals") or {}
     if totals:
         out.append(f"  since start: {ver.get('verifications', '?')} verifications; "

@@ -256,7 +256,7 @@ class Watcher:
                                     row.parts)
             else:
                 out[key] = WatchRow(key, "reapplied", after.get(key, r.live), value,
-                                    f"{r.detail}: re-applied {value!r} (was {r.live!r})", r.reset_parts)
+                                    f"re-applied {value!r} (was {r.live!r}): {r.detail}", r.reset_parts)
         return out
 
     def _done(self, v: Verification) -> Verification:
@@ -279,7 +279,7 @@ class Watcher:
         """Called before _done records the row: ``_reported`` still holds the previous state."""
         prev = self._reported.get(row.key)
         if row.state == "reapplied":
-            log.warning("%s: kernel reset (%s)", row.key, row.detail, extra={"knob": row.key})
+            log.warning("%s: kernel reset: %s", row.key, row.detail, extra={"knob": row.key})
         elif row.state in ("failed", "gone", "interrupted") and prev != row.state:
             log.log(logging.ERROR if row.state == "failed" else logging.WARNING, "%s: %s: %s", row.key, row.state,
                     row.detail, extra={"knob": row.key})
@@ -304,6 +304,6 @@ def summarize(counts: Mapping[str, Any], order: Sequence[str] = ("ok", "reapplie
                                                                  "admin", "gone", "failed", "interrupted",
                                                                  "restored")) -> str:
     """``4 ok, 1 re-applied`` from a counts mapping (pure; used by the status renderer)."""
-    names = {"reapplied": "re-applied", "admin": "left to the admin"}
+    names = {"reapplied": "re-applied", "partly-released": "partly released", "admin": "left to the admin"}
     keys = [k for k in order if counts.get(k)] + sorted(k for k in counts if k not in order and counts.get(k))
     return ", ".join(f"{counts[k]} {names.get(k, k)}" for k in keys) or "no managed knobs"
