@@ -209,20 +209,18 @@ class Actuator:
                 self.journal.append("epoch", epoch=st.epoch + 1)
             txn = st.last_txn + 1
             self.journal.append("txn", txn=txn, reason=reason, keys=todo)
+            # the live state before this transaction: the baseline at first touch, and what undo restores
+            pre: dict[str, JsonValue] = {key: knobs[key].snapshot() for key in todo}
+            before: dict[str, KnobValue] = {key: knobs[key].read() for key in todo}
             baselines: dict[str, JsonValue] = {}
             for key in todo:
                 hist = st.knobs.get(key)
                 if hist is None:
-                    snap = knobs[key].snapshot()
-                    val = knobs[key].read()
-                    self.journal.append("baseline", key=key, state=snap, value=val, kind=knobs[key].kind)
+                    self.journal.append("baseline", key=key, state=pre[key], value=before[key], kind=knobs[key].kind)
                     pause.step("baseline")
-                    baselines[key] = snap
+                    baselines[key] = pre[key]
                 else:
-                    baselines[key] = self._extend_baseline(knobs[key], hist)
-            # pre-transaction state for undo
-            pre: dict[str, JsonValue] = {key: knobs[key].snapshot() for key in todo}
-            before: dict[str, KnobValue] = {key: knobs[key].read() for key in todo}
+                    baselines[key] = self._extend_baseline(knobs[key], hist, pre[key], before[key])
             others = {key: h for key, h in self.journal.state().knobs.items()
                       if key not in todo and not h.released and not h.gone and h.settled}
             touched: list[str] = []
@@ -283,12 +281,10 @@ class Actuator:
                 failures.append(key)
         return failures
 
-    def _extend_baseline(self, k: Knob, h: KnobHistory) -> JsonValue:
-        """The baseline with the components the kernel created since (journaled before any write)."""
-        try:
-            now_state, now_value = k.snapshot(), k.read()
-        except (HostError, PolltunedError):
-            return h.baseline_state
+    def _extend_baseline(self, k: Knob, h: KnobHistory, now_state: JsonValue, now_value: KnobValue) -> JsonValue:
+        """The baseline plus the components the kernel created since (NAPIs re-created by a link
+        down/up, new IRQs), journaled before polltuned first writes them. Every component polltuned
+        ever wrote is therefore in the baseline, and rollback restores it to the kernel's value."""
         state, value = k.extend_baseline(h.baseline_state, h.baseline_value, now_state, now_value)
         if state != h.baseline_state or value != h.baseline_value:
             self.journal.append("baseline", key=h.key, state=state, value=value, kind=k.kind, extend=True)
@@ -297,7 +293,7 @@ class Actuator:
         return state
 
     def judge(self, key: str, h: KnobHistory, live: KnobValue | None) -> Judgement:
-        """Pure comparison of a settled knob's live value with what polltuned last left there.
+        """Compare a settled knob's live value with what polltuned last left there (no write, no record).
 
         Indivisible knobs: the same -> holds; back at the original -> kernel-reset (a knob back at its
         original value is never an admin release); anything else -> admin-changed. Knobs with parts

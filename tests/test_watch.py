@@ -493,3 +493,24 @@ def test_real_rtnetlink_subscription_polls_without_blocking() -> None:
     finally:
         src.close()
     assert src.poll() == []
+
+
+def test_cli_verify_and_rollback_show_the_partial_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from polltuned.cli.main import main
+
+    root = make_tree(tmp_path / "root")
+    g = ["--host-root", str(root), "--state-dir", str(tmp_path / "st")]
+    assert main([*g, "apply", "--app-cpus", "1", f"{IRQ}=spread"]) == 0
+    (root / "proc/irq/39/smp_affinity_list").write_text("0\n")                 # irqbalance
+    capsys.readouterr()
+    assert main([*g, "verify", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert (row["key"], row["state"], row["released_parts"]) == (IRQ, "partly-released", ["39"])
+    assert main([*g, "verify", "--json"]) == 0                                  # the next look: holds
+    row = json.loads(capsys.readouterr().out)[0]
+    assert (row["state"], row["released_parts"]) == ("holds", ["39"])
+    assert main([*g, "rollback"]) == 0
+    out = capsys.readouterr().out
+    assert "39 left to the admin" in out
+    assert (root / "proc/irq/38/smp_affinity_list").read_text() == "0-1\n"
+    assert (root / "proc/irq/39/smp_affinity_list").read_text() == "0\n"
