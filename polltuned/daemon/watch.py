@@ -167,7 +167,7 @@ class Watcher:
         if not mine:
             return ""
         seen: list[str] = []
-        for e in mine:   # the last state of each device, in order of first appearance
+        for e in mine:   # the latest state of each device that sent one
             text = e.describe()
             seen = [s for s in seen if not s.startswith(e.ifname + " ")] + [text]
         return "link event: " + ", ".join(seen)
