@@ -15,13 +15,27 @@ apply(assignment) is a transaction:
 
 rollback() restores every baseline of the open epoch in reverse first-touch order, skipping
 released knobs and reporting vanished ones; when nothing failed it closes the epoch (``clean``).
-It needs nothing but the state directory, so it works from a fresh process after a crash.
+It needs nothing but the state directory, so it works from a fresh process after a crash. Each
+restore is journaled (``intent`` with ``rollback``) before it is written, like an apply.
 When the journal is damaged (head lost, emptied, cut inside a baseline, a bad record) it restores
 from the baseline copy instead (journal.py), sets the damaged journal aside once every knob is
 back, and raises JournalRecovered (exit 7) carrying the report: damage is never reported as clean.
+Both rollbacks run the same loop (``_restore_all``); a recovery cannot append to the damaged
+journal, so it hands the loop a ``record`` callable that only logs.
+
+Per-part ownership: a knob made of independent parts (IRQ affinity: one part per IRQ, see
+Knob.parts) is judged part by part. A part someone else changed is released alone (``released``
+with ``parts``), the knob keeps managing the others, and rollback restores only what polltuned
+still owns. A part back at its original value, vanished, or newly created by the kernel is a
+kernel reset, never an admin change. Components the kernel created after the first touch
+(re-created NAPIs, new IRQs) are added to the baseline before polltuned first writes them
+(``baseline`` with ``extend``; the baseline copy is rewritten with the extension before that
+write too), so rollback, from the journal or from the copy, puts them back to the kernel's
+defaults.
 
 plan(assignment) is apply without side effects (``polltuned apply --dry-run``): the records the
-transaction would journal (baselines, intents, expected writes), nothing written or locked.
+transaction would journal (releases, baselines and their extensions, intents, expected writes),
+nothing written or locked.
 
 Test hook: ``POLLTUNED_TEST_PAUSE_AFTER=STAGE[:N]`` (STAGE in baseline, intent, write) makes the
 process SIGSTOP itself right after the Nth such step (default 1st; the record is already
@@ -34,7 +48,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -95,7 +109,8 @@ class RollbackReport:
         return all(i.outcome != "failed" for i in self.items)
 
 
-VerifyState = Literal["holds", "admin-changed", "kernel-reset", "gone", "released", "restored", "interrupted"]
+VerifyState = Literal["holds", "admin-changed", "partly-released", "kernel-reset", "gone", "released", "restored",
+                      "interrupted"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,12 @@ class VerifyRow:
     live: KnobValue | None
     baseline: KnobValue | None
     detail: str = ""
+    #: parts released to the admin by this verification (state partly-released)
+    released_now: tuple[str, ...] = ()
+    #: parts back at their original value, vanished or new (a kernel reset of those parts)
+    reset_parts: tuple[str, ...] = ()
+    #: every part released so far (this verification and earlier ones)
+    released_parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,13 +136,25 @@ class ManagedKnob:
     last_written: KnobValue | None
     live: KnobValue | None
     state: Literal["polltuned", "released", "unsupported", "gone", "restored"]
+    #: parts released to the admin (IRQ numbers); the knob still manages the others
+    released_parts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How a knob's live value relates to what polltuned left there (see Actuator.judge)."""
+
+    state: Literal["holds", "kernel-reset", "admin-changed", "partly-released"]
+    admin_parts: tuple[str, ...] = ()
+    reset_parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class ApplyPlan:
     """What ``apply`` would do (``polltuned apply --dry-run``): the journal records of the
     transaction in order (``type`` plus payload; ``applied`` carries the value apply expects to
-    read back), the changes, and the knobs it would skip or release."""
+    read back, or for a knob with parts left to the admin the value apply writes and verifies:
+    the parts polltuned still owns), the changes, and the knobs it would skip or release."""
 
     records: tuple[dict[str, Any], ...]
     changes: tuple[KnobChange, ...]
@@ -228,28 +261,48 @@ class Actuator:
         st = self.journal.state()
         recs: list[dict[str, Any]] = []
         released_now: list[str] = []
+        parts_now: dict[str, frozenset[str]] = {}
         for key, h in st.knobs.items():
             if h.released or h.gone:
                 continue
-            live = self._admin_live(key, h)
-            if live is not None:
-                released_now.append(key)
-                recs.append({"type": "released", "key": key, "live": live, "expected": h.last_value})
+            found = self._admin_live(key, h)
+            if found is not None:
+                live, j = found
+                recs.append({"type": "released", **self._release_payload(key, h, live, j)})
+                if j.state == "admin-changed":
+                    released_now.append(key)
+                else:
+                    parts_now[key] = frozenset(j.admin_parts)
         skipped = [k for k in values if (k in st.knobs and st.knobs[k].released) or k in released_now]
         todo = [k for k in values if k not in skipped]
         if not st.open:
             recs.append({"type": "epoch", "epoch": self.journal.next_epoch(st)})
         txn = st.last_txn + 1
         recs.append({"type": "txn", "txn": txn, "reason": reason, "keys": todo})
-        before: dict[str, KnobValue] = {}
+        pre: dict[str, JsonValue] = {key: knobs[key].snapshot() for key in todo}
+        before: dict[str, KnobValue] = {key: knobs[key].read() for key in todo}
+        baselines: dict[str, JsonValue] = {}
         for key in todo:
-            before[key] = knobs[key].read()
-            if key not in st.knobs:
-                recs.append({"type": "baseline", "key": key, "state": knobs[key].snapshot(), "value": before[key],
+            hist = st.knobs.get(key)
+            if hist is None:
+                recs.append({"type": "baseline", "key": key, "state": pre[key], "value": before[key],
                              "kind": knobs[key].kind})
+                baselines[key] = pre[key]
+            else:
+                state, value = knobs[key].extend_baseline(hist.baseline_state, hist.baseline_value, pre[key],
+                                                          before[key])
+                if state != hist.baseline_state or value != hist.baseline_value:
+                    recs.append({"type": "baseline", "key": key, "state": state, "value": value,
+                                 "kind": knobs[key].kind, "extend": True})
+                baselines[key] = state
+        writes: dict[str, KnobValue] = {}
         for key in todo:
+            hist = st.knobs.get(key)
+            released = (hist.released_parts if hist is not None else frozenset()) | parts_now.get(key, frozenset())
+            writes[key] = values[key] if not released else \
+                knobs[key].without_parts(values[key], baselines[key], released)
             recs.append({"type": "intent", "key": key, "value": values[key], "txn": txn})
-            recs.append({"type": "applied", "key": key, "value": values[key], "txn": txn})
+            recs.append({"type": "applied", "key": key, "value": writes[key], "txn": txn})
         recs.append({"type": "txn-end", "txn": txn, "ok": True})
         return ApplyPlan(tuple(recs), tuple(KnobChange(k, before[k], values[k]) for k in todo), tuple(skipped),
                          tuple(released_now))
@@ -263,7 +316,8 @@ class Actuator:
             st = self.journal.state()
             released_now: list[str] = []
             skipped: list[str] = []
-            # 2. admin wins (checked for every managed knob, so later changes are our side effects)
+            # 2. admin wins (checked for every managed knob, so later changes are our side effects);
+            #    knobs with parts (IRQ affinity) may lose only some parts to the admin
             for key, h in st.knobs.items():
                 if h.released or h.gone:
                     continue
@@ -278,29 +332,27 @@ class Actuator:
                     log.warning("%s: released (changed by the admin); not writing it", key, extra={"knob": key})
                 else:
                     todo.append(key)
-            # 3. epoch and baselines, all durable before the first write
+            # 3. epoch and baselines (and extensions), all durable before the first write
             if st.copy_note:
                 log.warning("%s", st.copy_note)
             if not st.open:
                 self.journal.append("epoch", epoch=self.journal.next_epoch(st))
             txn = st.last_txn + 1
             self.journal.append("txn", txn=txn, reason=reason, keys=todo)
+            # the live state before this transaction: the baseline at first touch, and what undo restores
+            pre: dict[str, JsonValue] = {key: knobs[key].snapshot() for key in todo}
+            before: dict[str, KnobValue] = {key: knobs[key].read() for key in todo}
             baselines: dict[str, JsonValue] = {}
             for key in todo:
                 hist = st.knobs.get(key)
                 if hist is None:
-                    snap = knobs[key].snapshot()
-                    val = knobs[key].read()
-                    self.journal.append("baseline", key=key, state=snap, value=val, kind=knobs[key].kind)
+                    self.journal.append("baseline", key=key, state=pre[key], value=before[key], kind=knobs[key].kind)
                     pause.step("baseline")
-                    baselines[key] = snap
+                    baselines[key] = pre[key]
                 else:
-                    baselines[key] = hist.baseline_state
-            # the second copy of the baselines, durable before the first write
+                    baselines[key] = self._extend_baseline(knobs[key], hist, pre[key], before[key])
+            # the second copy of the baselines (extensions included), durable before the first write
             self.journal.sync_copy()
-            # pre-transaction state for undo
-            pre: dict[str, JsonValue] = {key: knobs[key].snapshot() for key in todo}
-            before: dict[str, KnobValue] = {key: knobs[key].read() for key in todo}
             others = {key: h for key, h in self.journal.state().knobs.items()
                       if key not in todo and not h.released and not h.gone and h.settled}
             touched: list[str] = []
@@ -311,10 +363,13 @@ class Actuator:
                     self.journal.append("intent", key=key, value=values[key], txn=txn)
                     pause.step("intent")
                     touched.append(key)
-                    k.write(values[key], baseline=baselines[key])
+                    hist = st.knobs.get(key)
+                    mine = values[key] if hist is None or not hist.released_parts else \
+                        k.without_parts(values[key], baselines[key], hist.released_parts)
+                    k.write(mine, baseline=baselines[key])
                     pause.step("write")
-                    if not k.verify(values[key]):
-                        raise HostError(f"{key}: wrote {values[key]!r} but the kernel reads back {k.read()!r}",
+                    if not k.verify(mine):
+                        raise HostError(f"{key}: wrote {mine!r} but the kernel reads back {k.read()!r}",
                                         hint="the kernel or driver clamped/rejected the value; nothing kept")
                     after = k.read()
                     self.journal.append("applied", key=key, value=after, txn=txn)
@@ -358,8 +413,86 @@ class Actuator:
                 failures.append(key)
         return failures
 
-    def _admin_live(self, key: str, h: KnobHistory) -> KnobValue | None:
-        """The live value when it differs from what polltuned last left there (an admin change)."""
+    def _extend_baseline(self, k: Knob, h: KnobHistory, now_state: JsonValue, now_value: KnobValue) -> JsonValue:
+        """The baseline plus the components the kernel created since (NAPIs re-created by a link
+        down/up, new IRQs), journaled before polltuned first writes them (and copied: apply syncs
+        the baseline copy after this). Every component polltuned ever wrote is therefore in the
+        baseline, and rollback restores it to the kernel's value."""
+        state, value = k.extend_baseline(h.baseline_state, h.baseline_value, now_state, now_value)
+        if state != h.baseline_state or value != h.baseline_value:
+            self.journal.append("baseline", key=h.key, state=state, value=value, kind=k.kind, extend=True)
+            log.info("%s: components created by the kernel since the first touch added to the baseline",
+                     h.key, extra={"knob": h.key})
+        return state
+
+    def judge(self, key: str, h: KnobHistory, live: KnobValue | None) -> Judgement:
+        """Compare a settled knob's live value with what polltuned last left there (no write, no record).
+
+        Indivisible knobs: the same -> holds; back at the original -> kernel-reset (a knob back at its
+        original value is never an admin release); anything else -> admin-changed. Knobs with parts
+        (Knob.parts) are judged part by part, skipping parts already released: a part someone else
+        changed is an admin part; a part back at its original, vanished or newly created is a reset
+        part. Admin parts covering every owned part -> admin-changed (the whole knob); some ->
+        partly-released; only reset parts -> kernel-reset."""
+        k = self.knob(key)
+        last, now = k.parts(h.last_value), k.parts(live)
+        if last is None or now is None:
+            if _same(live, h.last_value):
+                return Judgement("holds")
+            if _same(live, h.baseline_value):
+                return Judgement("kernel-reset")
+            return Judgement("admin-changed")
+        base = k.parts(h.baseline_value) or {}
+        owned = [p for p in last if p not in h.released_parts]
+        admin: list[str] = []
+        reset: list[str] = []
+        for p in owned:
+            if p not in now:
+                reset.append(p)            # IRQ freed or re-numbered, now managed by the kernel
+            elif now[p] == last[p]:
+                continue
+            elif base.get(p) == now[p]:
+                reset.append(p)
+            else:
+                admin.append(p)
+        reset += [p for p in now if p not in last and p not in h.released_parts]  # created by the kernel
+        if admin and len(admin) == len(owned) and not reset:
+            return Judgement("admin-changed", tuple(admin))
+        if admin:
+            return Judgement("partly-released", tuple(admin), tuple(reset))
+        if reset:
+            return Judgement("kernel-reset", (), tuple(reset))
+        return Judgement("holds")
+
+    def _release_payload(self, key: str, h: KnobHistory, live: KnobValue | None, j: Judgement) -> dict[str, Any]:
+        """The ``released`` record for ``j``: the whole knob, or (partly-released) only its admin parts."""
+        if j.state == "partly-released":
+            k = self.knob(key)
+            now, last = k.parts(live) or {}, k.parts(h.last_value) or {}
+            return {"key": key, "parts": list(j.admin_parts), "live": {p: now.get(p) for p in j.admin_parts},
+                    "expected": {p: last.get(p) for p in j.admin_parts}}
+        return {"key": key, "live": live, "expected": h.last_value}
+
+    def _release(self, key: str, h: KnobHistory, live: KnobValue | None, j: Judgement, why: str,
+                 record: Record | None = None) -> None:
+        """Journal admin wins for ``j`` (the whole knob, or only its admin parts) through ``record``
+        (default: the journal)."""
+        (record or self.journal.append)("released", **self._release_payload(key, h, live, j))
+        if j.state == "partly-released":
+            k = self.knob(key)
+            now, last = k.parts(live) or {}, k.parts(h.last_value) or {}
+            log.warning("%s: %s changed outside polltuned (%s): released, %s; polltuned keeps the rest",
+                        key, ", ".join(j.admin_parts),
+                        ", ".join(f"{p}: {last.get(p)} -> {now.get(p)}" for p in j.admin_parts), why,
+                        extra={"knob": key})
+            return
+        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released, %s",
+                    key, live, h.last_value, why, extra={"knob": key})
+
+    def _admin_live(self, key: str, h: KnobHistory) -> tuple[KnobValue | None, Judgement] | None:
+        """The live value and its judgement when someone else changed the knob, or some of its parts
+        (admin-changed / partly-released, see judge); None when it holds, was reset by the kernel,
+        cannot be read, or its last write was interrupted."""
         if not h.settled:  # interrupted write: we do not know; rollback restores the baseline
             return None
         try:
@@ -368,19 +501,18 @@ class Actuator:
             return None
         except (HostError, PolltunedError):
             return None
-        if _same(live, h.last_value) or _same(live, h.baseline_value):  # unchanged, or reset by the kernel
-            return None
-        return live
+        j = self.judge(key, h, live)
+        return (live, j) if j.state in ("admin-changed", "partly-released") else None
 
     def _admin_changed(self, key: str, h: KnobHistory) -> bool:
-        """Journal a release when the live value differs from what polltuned last left there."""
-        live = self._admin_live(key, h)
-        if live is None:
+        """Journal a release when the live value differs from what polltuned last left there.
+        True when the whole knob was released (a part released alone leaves the knob managed)."""
+        found = self._admin_live(key, h)
+        if found is None:
             return False
-        self.journal.append("released", key=key, live=live, expected=h.last_value)
-        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released, admin wins",
-                    key, live, h.last_value, extra={"knob": key})
-        return True
+        live, j = found
+        self._release(key, h, live, j, "admin wins")
+        return j.state == "admin-changed"
 
     # -- rollback -----------------------------------------------------------------------------
     def rollback(self) -> RollbackReport:
@@ -407,15 +539,19 @@ class Actuator:
             return RollbackReport(tuple(items), clean, True)
 
     def _restore_all(self, st: JournalState, record: Record) -> list[RollbackItem]:
+        """The rollback loop, for the journal (``record`` appends) and for a recovery from the baseline
+        copy (``record`` only logs): prechecks for every knob first, then each restore, journaled
+        (``intent`` with ``rollback``) before it is written."""
         ordered = sorted(st.knobs.values(), key=lambda x: x.order, reverse=True)
         # admin check for every knob first: restoring one knob may legitimately change another
         # (sysfs write-all resets per-NAPI values), which must not look like an admin change
         early: dict[str, RollbackItem] = {}
+        now: dict[str, KnobHistory] = {}   # with the parts the prechecks released to the admin
         for h in ordered:
-            pre = self._rollback_precheck(h, record)
+            pre, now[h.key] = self._rollback_precheck(h, record)
             if pre is not None:
                 early[h.key] = pre
-        return [early[h.key] if h.key in early else self._rollback_one(h, record) for h in ordered]
+        return [early[h.key] if h.key in early else self._rollback_one(now[h.key], record) for h in ordered]
 
     def _rollback_damaged(self, damage: JournalError) -> NoReturn:
         """Rollback of a damaged journal from the baseline copy; always raises."""
@@ -432,47 +568,59 @@ class Actuator:
             self.journal.write_copy(BaselineCopy(max(st.epoch, st.copy_epoch), False))
         for i in items:  # info: the caller reports the items and the damage (one error line)
             log.info("%s: %s %r (from the baseline copy)%s", i.key, i.outcome, i.value,
-                        f": {i.detail}" if i.detail else "", extra={"knob": i.key})
+                     f": {i.detail}" if i.detail else "", extra={"knob": i.key})
         raise JournalRecovered(damage, report, self.journal.copy_path, aside)
 
-    def _rollback_precheck(self, h: KnobHistory, record: Record) -> RollbackItem | None:
-        """Released / gone / admin-changed decided before any restore; None = restore it."""
+    def _rollback_precheck(self, h: KnobHistory, record: Record) -> tuple[RollbackItem | None, KnobHistory]:
+        """Released / gone / admin-changed decided before any restore: (item, h) when that decides the
+        knob; (None, h') = restore it, h' being h plus the parts released to the admin just now."""
         key = h.key
         if h.released:
-            return RollbackItem(key, "released", h.released_live, "changed by the admin; left alone")
+            return RollbackItem(key, "released", h.released_live, "changed by the admin; left alone"), h
         if h.gone:
-            return RollbackItem(key, "gone", None, "vanished earlier")
+            return RollbackItem(key, "gone", None, "vanished earlier"), h
         try:
             live = self.knob(key).read()
         except KnobGone as e:
             record("gone", key=key, detail=e.message)
-            return RollbackItem(key, "gone", None, e.message)
+            return RollbackItem(key, "gone", None, e.message), h
         except ParseError as e:  # unreadable live value: nobody chose it; put the baseline back
             log.warning("%s: live value unreadable (%s); restoring the baseline", key, e.message, extra={"knob": key})
-            return None
+            return None, h
         except PolltunedError as e:
-            return RollbackItem(key, "failed", None, e.message)
-        # back at its original value = not an admin choice (kernel reset, or a rollback killed between
-        # its write and its journal record): restore it fully (composite knobs may be half done)
-        if h.settled and not _same(live, h.last_value) and not _same(live, h.baseline_value):
-            record("released", key=key, live=live, expected=h.last_value)
-            log.warning("%s: changed outside polltuned (%r); rollback leaves it", key, live, extra={"knob": key})
-            return RollbackItem(key, "released", live, "changed by the admin; left alone")
-        return None
+            return RollbackItem(key, "failed", None, e.message), h
+        # back at its original value = not an admin choice (kernel reset): restore it fully. An
+        # unsettled knob (a write or a restore interrupted, or any knob of a recovery) is never judged
+        if h.settled:
+            j = self.judge(key, h, live)
+            if j.state == "admin-changed":
+                self._release(key, h, live, j, "rollback leaves it", record)
+                return RollbackItem(key, "released", live, "changed by the admin; left alone"), h
+            if j.state == "partly-released":
+                self._release(key, h, live, j, "rollback leaves it", record)
+                return None, replace(h, released_parts=h.released_parts | frozenset(j.admin_parts))
+        return None, h
 
     def _rollback_one(self, h: KnobHistory, record: Record) -> RollbackItem:
         key = h.key
         try:
             k = self.knob(key)
+            released = h.released_parts   # released to the admin (now, or earlier): left as the admin set them
+            target = k.state_without(h.baseline_state, released)
+            left = f"; {', '.join(sorted(released))} left to the admin" if released else ""
             try:
-                already = k.matches(h.baseline_state)
+                already = k.matches(target)
             except ParseError:
                 already = False
             if already:
                 record("restored", key=key, value=h.baseline_value)
-                return RollbackItem(key, "already", h.baseline_value)
-            k.restore(h.baseline_state)
-            if not k.matches(h.baseline_state):
+                return RollbackItem(key, "already", h.baseline_value, left.lstrip("; "))
+            # journal first, as for apply: a rollback killed inside a composite restore (one NAPI or
+            # IRQ of several put back) leaves an unsettled knob that the next rollback restores,
+            # never a half-restored value that would look like an admin change
+            record("intent", key=key, value=h.baseline_value, rollback=True)
+            k.restore(target)
+            if not k.matches(target):
                 return RollbackItem(key, "failed", k.read(), f"restore of {h.baseline_value!r} did not stick")
         except KnobGone as e:
             record("gone", key=key, detail=e.message)
@@ -480,8 +628,8 @@ class Actuator:
         except PolltunedError as e:
             return RollbackItem(key, "failed", None, e.message)
         record("restored", key=key, value=h.baseline_value)
-        log.info("%s: restored %r", key, h.baseline_value, extra={"knob": key})
-        return RollbackItem(key, "restored", h.baseline_value)
+        log.info("%s: restored %r%s", key, h.baseline_value, left, extra={"knob": key})
+        return RollbackItem(key, "restored", h.baseline_value, left.lstrip("; "))
 
     # -- verify / status ---------------------------------------------------------------------
     def verify(self) -> list[VerifyRow]:
@@ -505,19 +653,32 @@ class Actuator:
             return VerifyRow(key, "gone", h.last_value, None, h.baseline_value, e.message)
         except PolltunedError as e:
             return VerifyRow(key, "gone", h.last_value, None, h.baseline_value, e.message)
+        earlier = tuple(sorted(h.released_parts))
         if not h.settled:
             return VerifyRow(key, "interrupted", h.last_value, live, h.baseline_value,
-                             "a write was interrupted (crash); rollback restores the baseline")
-        if _same(live, h.last_value):
-            return VerifyRow(key, "restored" if h.restored else "holds", h.last_value, live, h.baseline_value)
-        if _same(live, h.baseline_value):
+                             "a write was interrupted (crash); rollback restores the baseline",
+                             released_parts=earlier)
+        if h.restored and _same(live, h.last_value):
+            return VerifyRow(key, "restored", h.last_value, live, h.baseline_value, released_parts=earlier)
+        j = self.judge(key, h, live)
+        note = f"; {', '.join(earlier)} released to the admin earlier" if earlier else ""
+        if j.state == "holds":
+            return VerifyRow(key, "holds", h.last_value, live, h.baseline_value, note.lstrip("; "),
+                             released_parts=earlier)
+        if j.state == "kernel-reset":
+            what = f"{', '.join(j.reset_parts)} " if j.reset_parts else ""
             return VerifyRow(key, "kernel-reset", h.last_value, live, h.baseline_value,
-                             "back at its original value (device reset or re-created)")
-        self.journal.append("released", key=key, live=live, expected=h.last_value)
-        log.warning("%s: changed outside polltuned (%r, polltuned left %r): released", key, live, h.last_value,
-                    extra={"knob": key})
+                             f"{what}back at the original value or re-created by the kernel (link down/up, "
+                             "driver reset)" + note,
+                             reset_parts=j.reset_parts, released_parts=earlier)
+        self._release(key, h, live, j, "admin wins")
+        if j.state == "partly-released":
+            return VerifyRow(key, "partly-released", h.last_value, live, h.baseline_value,
+                             f"{', '.join(j.admin_parts)} changed outside polltuned: released (admin wins); "
+                             "polltuned keeps the rest", released_now=j.admin_parts, reset_parts=j.reset_parts,
+                             released_parts=tuple(sorted(h.released_parts | set(j.admin_parts))))
         return VerifyRow(key, "admin-changed", h.last_value, live, h.baseline_value,
-                         "changed outside polltuned: released (admin wins)")
+                         "changed outside polltuned: released (admin wins)", released_parts=earlier)
 
     def state(self) -> JournalState:
         return self.journal.state()
@@ -547,7 +708,7 @@ class Actuator:
                 continue
             try:
                 k = self.knob(h.key)
-                if not h.settled or not k.matches(h.baseline_state):
+                if not h.settled or not k.matches(k.state_without(h.baseline_state, h.released_parts)):
                     return True
             except KnobGone:
                 continue
@@ -566,14 +727,17 @@ class Actuator:
             live: KnobValue | None = None
             state: Literal["polltuned", "released", "unsupported", "gone", "restored"]
             try:
-                live = self.knob(h.key).read()
-                if from_copy:  # what matters is only: still the original, or not
-                    state = "restored" if self.knob(h.key).matches(h.baseline_state) else "polltuned"
+                k = self.knob(h.key)
+                live = k.read()
+                if from_copy:  # what matters is only: still the original (parts left to the admin aside), or not
+                    state = "restored" if k.matches(k.state_without(h.baseline_state, h.released_parts)) \
+                        else "polltuned"
                 else:
                     state = "released" if h.released else ("restored" if h.restored else "polltuned")
             except KnobGone:
                 state = "gone"
             except PolltunedError:
                 state = "unsupported"
-            out.append(ManagedKnob(h.key, h.baseline_value, h.last_value, live, state))
+            out.append(ManagedKnob(h.key, h.baseline_value, h.last_value, live, state,
+                                   tuple(sorted(h.released_parts))))
         return out

@@ -10,12 +10,19 @@ Record types (v1):
 
 ``epoch``     a tuning epoch opens (host still clean; baselines follow)
 ``txn``       an apply transaction begins (``txn``, ``reason``)
-``baseline``  a knob's state at first touch in the epoch (``key``, ``state`` snapshot, ``value``)
-``intent``    about to write ``value`` to ``key`` (``txn``)
+``baseline``  a knob's state at first touch in the epoch (``key``, ``state`` snapshot, ``value``);
+              with ``extend: true`` for a knob already known: the same baseline plus components
+              the kernel created since (re-created NAPIs, new IRQs), written before polltuned
+              writes them (older readers ignore it: a second baseline of a known key)
+``intent``    about to write ``value`` to ``key`` (``txn``; ``rollback: true`` when rollback is about to
+              restore the baseline: a rollback killed mid-restore leaves the knob unsettled)
 ``applied``   ``key`` was written and read back as ``value`` (``txn``)
 ``undone``    a failed transaction put ``key`` back to ``value``
 ``observed``  ``key`` changed as a side effect of polltuned's own write (sysfs clobbers per-NAPI)
-``released``  admin wins: ``key`` was changed by someone else (``live``, ``expected``); never written again
+``released``  admin wins: ``key`` was changed by someone else (``live``, ``expected``); never written again.
+              With ``parts`` (a list, e.g. IRQ numbers of an IRQ affinity knob): only those parts
+              were changed and are released; polltuned keeps managing the others (older readers
+              release the whole knob: admin wins either way)
 ``restored``  rollback put ``key`` back to its baseline
 ``gone``      the object ``key`` lives on vanished (deleted veth/netns)
 ``txn-end``   the transaction finished (``ok``)
@@ -24,24 +31,29 @@ Record types (v1):
 Damage rules: a torn *last* line (no trailing newline: crash or power loss mid-write, or a file
 truncated at any byte) is ignored and cut off before the next append. Anything else that does not
 parse, fails its CRC, breaks the ``seq`` chain, comes from a newer format, or records a write
-(intent/applied/...) of a knob whose baseline record is missing raises JournalError before any
-knob is written.
+(intent/applied/...) or a baseline extension of a knob whose baseline record is missing raises
+JournalError before any knob is written.
 
 The baseline copy (``STATE_DIR/journal.baselines.json``): a second, independent copy of the open
 epoch's baselines, ``{"v": 1, "epoch": N, "open": bool, "baselines": [{key, state, value, kind}],
 "crc": ...}``, replaced atomically (fsync'd temporary file, rename, directory fsync) after the
-journal's baseline records and before the first write of a knob. Order of durability: journal
-record, then copy, then the write; the copy is closed after the journal's ``clean`` record and
-rewritten before a compaction. So in every crash state the copy lists a subset of the journal's
+journal's baseline records (extensions included) and before the first write of a knob. Order of
+durability: journal record, then copy, then the write; the copy is closed after the journal's
+``clean`` record and rewritten before a compaction. So in every crash state the copy lists a subset of the journal's
 baselines, and at load (:func:`cross_check`):
 
 * copy keys the journal has no baseline for -> the journal lost records (emptied, head lost, cut
   inside a baseline): JournalError; ``polltuned rollback`` restores from the copy
   (:func:`recovery_state`);
+* the copy holds a baseline extension the journal lacks (the extension record was lost) -> the
+  same: JournalError, ``polltuned rollback`` restores from the copy;
 * the same key with a different baseline in each -> JournalCopiesDisagree: reported, nothing
-  written, never resolved by polltuned (move aside the copy you distrust);
-* a stale copy (a crash between the journal record and the copy, or a damaged copy file while the
-  journal is intact) -> a note (``JournalState.copy_note``); the next locked change rewrites it.
+  written, never resolved by polltuned (move aside the copy you distrust). A baseline and its
+  extension are not different originals: one is the other plus components the kernel created
+  since (:func:`baseline_relation`);
+* a stale copy (a crash between the journal record, a baseline extension included, and the copy,
+  or a damaged copy file while the journal is intact) -> a note (``JournalState.copy_note``); the
+  next locked change rewrites it.
 A missing copy (journals written before it existed) means the journal alone is trusted.
 """
 
@@ -56,7 +68,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from polltuned.clock import Clock
 from polltuned.errors import JournalCopiesDisagree, JournalError, JournalUnreadable, LockedError, PermissionNeeded
@@ -186,6 +198,8 @@ class KnobHistory:
     released_live: KnobValue | None = None
     written: bool = False            # an intent was journaled for it in this epoch
     kind: str = ""                   # the knob class (sysctl, netdev, ...) from its baseline record
+    #: parts released to the admin (IRQ numbers of an IRQ affinity knob); the rest is still managed
+    released_parts: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -202,6 +216,16 @@ class JournalState:
     copy_note: str = ""
 
 
+def _fold_released(h: KnobHistory, r: Mapping[str, Any]) -> None:
+    """A ``released`` record: the whole knob, or with ``parts`` only those parts (IRQs) go to the admin."""
+    parts = r.get("parts")
+    if isinstance(parts, list) and parts:
+        h.released_parts = h.released_parts | frozenset(str(p) for p in parts)
+    else:
+        h.released = True
+        h.released_live = r.get("live")
+
+
 def _fold(h: KnobHistory, r: Mapping[str, Any]) -> None:
     """One knob record applied to its history (shared by replay and recovery)."""
     t = r["type"]
@@ -216,8 +240,7 @@ def _fold(h: KnobHistory, r: Mapping[str, Any]) -> None:
             h.restored = False
             h.written = True
     elif t == "released":
-        h.released = True
-        h.released_live = r.get("live")
+        _fold_released(h, r)
     elif t == "restored":
         h.restored = True
         h.settled = True
@@ -248,9 +271,18 @@ def replay(records: tuple[dict[str, Any], ...], source: str = JOURNAL_NAME) -> J
         elif t == "txn-end":
             st.unfinished_txn = None
         elif t == "baseline" and isinstance(key, str):
+            if key not in st.knobs and r.get("extend") is True:
+                raise JournalError(f"{source}: record {r.get('seq', i + 1)}: baseline extension of {key!r} without "
+                                   "its baseline record (records missing: journal corrupted)",
+                                   hint="`polltuned rollback` restores from the baseline copy when there is one")
             if key not in st.knobs:
                 v = r.get("value")
                 st.knobs[key] = KnobHistory(key, len(st.knobs), r.get("state"), v, v, kind=str(r.get("kind") or ""))
+            elif r.get("extend") is True:
+                # the same baseline plus components the kernel created since (module doc)
+                known = st.knobs[key]
+                known.baseline_state = r.get("state")
+                known.baseline_value = r.get("value")
         elif t in KEY_RECORDS and (h is None or not st.open):
             raise JournalError(f"{source}: record {r.get('seq', i + 1)}: {t} of {key!r} without its baseline "
                                "record (records missing: journal corrupted)",
@@ -320,7 +352,8 @@ def parse_copy(data: bytes, source: str = COPY_NAME) -> BaselineCopy:
 
 
 def copy_of(st: JournalState) -> BaselineCopy:
-    """What the copy must hold for this journal state."""
+    """What the copy must hold for this journal state (extended baselines included: the copy holds
+    each knob's current baseline, so an extension reaches the copy before polltuned writes it)."""
     epoch = max(st.epoch, st.copy_epoch)
     if not st.open:
         return BaselineCopy(epoch, False, ())
@@ -336,11 +369,40 @@ def _same_json(a: object, b: object) -> bool:
         return a == b
 
 
+def _extends(big: object, small: object) -> bool:
+    """Pure: ``big`` is ``small`` plus components it lacks (keys of JSON objects, at any depth), every
+    known component unchanged: what a baseline extension (``baseline`` with ``extend``) does."""
+    if isinstance(big, dict) and isinstance(small, dict):
+        return all(k in big and _extends(big[k], v) for k, v in small.items())
+    return _same_json(big, small)
+
+
+BaselineRelation = Literal["same", "copy-stale", "copy-newer", "differ"]
+
+
+def baseline_relation(journal_state: object, journal_value: object, copy_state: object,
+                      copy_value: object) -> BaselineRelation:
+    """Pure: how a baseline in the journal relates to the same knob's baseline in the copy.
+
+    ``same``; ``copy-stale``: the journal extended the baseline after the copy was written (the crash
+    window between the extension record and the copy); ``copy-newer``: the copy holds an extension
+    the journal has lost; ``differ``: two different originals. An extension may change the ``read()``
+    form of the value (IRQ affinity lists the new IRQs), so values are compared only for equal states."""
+    if _same_json(journal_state, copy_state):
+        return "same" if _same_json(journal_value, copy_value) else "differ"
+    if _extends(journal_state, copy_state):
+        return "copy-stale"
+    if _extends(copy_state, journal_state):
+        return "copy-newer"
+    return "differ"
+
+
 def cross_check(st: JournalState, copy: BaselineCopy | None, *, source: str = JOURNAL_NAME,
                 copy_source: str = COPY_NAME) -> None:
     """Pure: compare an intact journal's state with the baseline copy (module doc). Sets
-    ``st.copy_epoch``/``st.copy_note``; raises JournalError when the journal lost records and
-    JournalCopiesDisagree when the two give different originals."""
+    ``st.copy_epoch``/``st.copy_note``; raises JournalError when the journal lost records (a
+    baseline, or a baseline extension the copy has) and JournalCopiesDisagree when the two give
+    different originals."""
     if copy is None:
         return
     st.copy_epoch = copy.epoch
@@ -365,9 +427,14 @@ def cross_check(st: JournalState, copy: BaselineCopy | None, *, source: str = JO
         raise JournalError(f"{source}: baseline records of {', '.join(missing)} missing (the baseline copy "
                            f"{copy_source} has them): journal truncated (journal corrupted)",
                            hint="`polltuned rollback` restores those knobs from the baseline copy")
-    differ = [(e, st.knobs[e.key]) for e in copy.entries
-              if not (_same_json(e.state, st.knobs[e.key].baseline_state)
-                      and _same_json(e.value, st.knobs[e.key].baseline_value))]
+    rel = {e.key: baseline_relation(st.knobs[e.key].baseline_state, st.knobs[e.key].baseline_value, e.state,
+                                    e.value) for e in copy.entries}
+    newer = [k for k, r in rel.items() if r == "copy-newer"]
+    if newer:
+        raise JournalError(f"{source}: the baseline extension of {', '.join(newer)} is missing (the baseline copy "
+                           f"{copy_source} has it): journal truncated (journal corrupted)",
+                           hint="`polltuned rollback` restores those knobs from the baseline copy")
+    differ = [(e, st.knobs[e.key]) for e in copy.entries if rel[e.key] == "differ"]
     if differ:
         e, h = differ[0]
         more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
@@ -376,6 +443,11 @@ def cross_check(st: JournalState, copy: BaselineCopy | None, *, source: str = JO
             f"(journal {h.baseline_value!r} {_canonical({'s': h.baseline_state})[5:-1]}, "
             f"copy {e.value!r} {_canonical({'s': e.state})[5:-1]}){more}; nothing was written",
             hint=f"decide which is right and move the other aside ({source} or {copy_source})")
+    extended = [k for k, r in rel.items() if r == "copy-stale"]
+    if extended:
+        ext = (f"baseline copy {copy_source} lacks the baseline extension of {', '.join(extended)} (stale copy; "
+               "the journal is intact and is used; rewritten at the next change)")
+        stale = f"{stale}; {ext}" if stale else ext
     st.copy_note = stale
 
 
@@ -389,12 +461,14 @@ def _writes_after_last_marker(salvaged: list[dict[str, Any]]) -> bool:
 
 def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> JournalState:
     """Pure: the open epoch of a damaged journal, rebuilt for a rollback. Baselines come from the
-    copy (plus intact baseline records of knobs it lacks that intact records show written). Every
-    knob is *unknown* (unsettled), so rollback restores it: records were lost, so a surviving
-    "applied" is not known to be the last write and cannot tell an admin's value from polltuned's.
-    Only explicit decisions that survive are kept: ``released`` (admin wins, never written again)
-    and ``gone``. A surviving ``clean`` for the copy's epoch means nothing is left to restore.
-    Raises JournalCopiesDisagree when a surviving baseline record differs from the copy."""
+    copy (plus intact baseline records of knobs it lacks that intact records show written, with
+    their intact extensions). Every knob is *unknown* (unsettled), so rollback restores it: records
+    were lost, so a surviving "applied" is not known to be the last write and cannot tell an admin's
+    value from polltuned's. Only explicit decisions that survive are kept: ``released`` (admin wins,
+    never written again; with ``parts`` only those parts) and ``gone``. A surviving ``clean`` for
+    the copy's epoch means nothing is left to restore. Raises JournalCopiesDisagree when a surviving
+    baseline record gives another original than the copy (a baseline and its extensions agree with
+    the copy: one holds the other plus components the kernel created later)."""
     start, closed_to = 0, -1
     for i, r in enumerate(salvaged):
         if r["type"] in ("epoch", "clean"):
@@ -406,6 +480,7 @@ def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> Journa
         st.closed_epochs.add(copy.epoch)
         return st
     by_key = {e.key: e for e in copy.entries}
+    #: knobs the copy lacks, by their intact baseline records (in st.knobs once shown written)
     extra: dict[str, KnobHistory] = {}
     for e in copy.entries:
         st.knobs[e.key] = KnobHistory(e.key, len(st.knobs), e.state, e.value, None, settled=False, kind=e.kind)
@@ -417,23 +492,29 @@ def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> Journa
             continue
         if t == "baseline":
             ce = by_key.get(key)
-            if ce is not None and not (_same_json(ce.state, r.get("state")) and _same_json(ce.value, r.get("value"))):
-                raise JournalCopiesDisagree(
-                    f"{key}: an intact journal record and the baseline copy disagree on the original value "
-                    f"(journal {r.get('value')!r}, copy {ce.value!r}); nothing was written",
-                    hint="decide which is right and move the other aside")
-            if key not in st.knobs and key not in extra:
+            if ce is not None:
+                if baseline_relation(r.get("state"), r.get("value"), ce.state, ce.value) == "differ":
+                    raise JournalCopiesDisagree(
+                        f"{key}: an intact journal record and the baseline copy disagree on the original value "
+                        f"(journal {r.get('value')!r}, copy {ce.value!r}); nothing was written",
+                        hint="decide which is right and move the other aside")
+                # the copy is used: polltuned writes an extension's components only once the copy has it
+            elif key in extra:
+                if r.get("extend") is True:
+                    extra[key].baseline_state = r.get("state")
+                    extra[key].baseline_value = r.get("value")
+            elif key not in st.knobs:
                 extra[key] = KnobHistory(key, 0, r.get("state"), r.get("value"), None, settled=False,
                                          kind=str(r.get("kind") or ""))
         elif key in extra and t in ("intent", "applied"):
             # a knob the copy lacks (a stale copy) that intact records show written: restore it too;
             # without a write it is the crash window between its baseline record and the copy
-            h = extra.pop(key)
-            h.order = len(st.knobs)
-            st.knobs[key] = h
+            h = extra[key]
+            if key not in st.knobs:
+                h.order = len(st.knobs)
+                st.knobs[key] = h
         elif key in st.knobs and t == "released":
-            st.knobs[key].released = True
-            st.knobs[key].released_live = r.get("live")
+            _fold_released(st.knobs[key], r)
         elif key in st.knobs and t == "gone":
             st.knobs[key].gone = True
     return st
@@ -685,6 +766,8 @@ class Journal:
                     add("restored", key=h.key, value=h.baseline_value)
                 elif h.last_value != h.baseline_value:
                     add("observed", key=h.key, value=h.last_value, txn=st.last_txn)
+                if h.released_parts:
+                    add("released", key=h.key, live=None, expected=None, parts=sorted(h.released_parts))
                 if h.released:
                     add("released", key=h.key, live=h.released_live, expected=h.last_value)
                 if h.gone:

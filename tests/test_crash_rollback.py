@@ -353,3 +353,44 @@ def test_sigkill_during_rollback_then_rollback_again(fast_dir: Path) -> None:
         assert all(x.outcome != "released" for x in rep.items), rep
         assert_all_original(root, originals, f"rollback-kill iteration {i}")
     assert hits >= 10
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL inside a knob write: nothing after it runs, no journal record follows."""
+
+
+def test_rollback_killed_inside_a_composite_restore_is_finished_not_released(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cause of the flaky SIGKILL-during-rollback test: a per-NAPI knob is restored NAPI by NAPI
+    (each napi-set is atomic, the knob is not). Killed between two NAPIs, the knob reads
+    ``mixed:257=0,258=10`` — neither polltuned's value nor the original — and the next rollback took
+    that for an admin change. Rollback now journals an intent before each restore (journal first),
+    so the interrupted knob is unsettled and the next rollback finishes it."""
+    from polltuned.host.netdev_genl import FileNetdev
+
+    root = make_tree(tmp_path / "root")
+    originals = tree_values(root)
+    state = tmp_path / "st"
+    actuator(root, state).apply({"net.core.busy_poll": 50, "eth0:napi:defer-hard-irqs": 10})
+    real_set = FileNetdev.napi_set
+    calls: list[int] = []
+
+    def dies_on_second_napi(self: FileNetdev, napi_id: int, values: dict[str, int]) -> None:
+        calls.append(napi_id)
+        if len(calls) == 2:
+            raise _Killed
+        real_set(self, napi_id, values)
+
+    monkeypatch.setattr(FileNetdev, "napi_set", dies_on_second_napi)
+    with pytest.raises(_Killed):
+        actuator(root, state).rollback()
+    monkeypatch.setattr(FileNetdev, "napi_set", real_set)
+    assert actuator(root, state).read(["eth0:napi:defer-hard-irqs"]) == {
+        "eth0:napi:defer-hard-irqs": "mixed:257=0,258=10"}  # really half-restored
+    rows = {r.key: r.state for r in actuator(root, state).verify()}
+    assert rows["eth0:napi:defer-hard-irqs"] == "interrupted"
+    rep = actuator(root, state).rollback()
+    assert {i.key: i.outcome for i in rep.items} == {"eth0:napi:defer-hard-irqs": "restored",
+                                                       "net.core.busy_poll": "restored"}
+    assert rep.clean
+    assert_all_original(root, originals, "after the second rollback")

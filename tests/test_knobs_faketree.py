@@ -3,14 +3,15 @@ and tests of the pure parts of the knob layer against it."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
-from polltuned.errors import KnobValueError, ParseError, UsageError
+from polltuned.errors import HostError, KnobValueError, ParseError, UsageError
 from polltuned.host.cpus import format_cpu_list, parse_cpu_list
-from polltuned.host.fs import FsHost
+from polltuned.host.fs import TMP_SUFFIX, FsHost
 from polltuned.host.netdev_genl import parse_policy_dump
 from polltuned.knobs.base import check_value, int_domain
 from polltuned.knobs.irq import expand_strategy, is_queue_irq_name
@@ -176,3 +177,21 @@ def test_init_net_only_reason(tmp_path: Path) -> None:
     (root / "proc/sys/net/core/busy_poll").unlink()
     av = KnobRegistry(FsHost(root)).get("net.core.busy_poll").availability()
     assert not av.present and "init_net" in av.reason
+
+
+def test_fake_tree_writes_are_atomic_like_the_kernels(tree: Path) -> None:
+    """procfs/sysfs stores are atomic; the fake tree's writes too (temporary file renamed over the
+    target): a process killed mid-write can never leave an empty or half-written value behind."""
+    h = FsHost(tree)
+    p = tree / "proc/irq/38/smp_affinity_list"
+    p.chmod(0o640)
+    before = p.stat().st_ino
+    h.write_text("/proc/irq/38/smp_affinity_list", "1\n")
+    assert p.read_text() == "1\n" and p.stat().st_ino != before  # replaced, not truncated in place
+    assert p.stat().st_mode & 0o777 == 0o640
+    assert h.listdir("/proc/irq/38") == ["smp_affinity_list"]  # no temporary file left or listed
+    (p.parent / f".smp_affinity_list{TMP_SUFFIX}").write_text("stale from a killed writer")
+    assert h.glob("/proc/irq/38", "*") == ["smp_affinity_list"]
+    with pytest.raises(HostError) as ei:  # a missing attribute is not created
+        h.write_text("/proc/irq/99/smp_affinity_list", "1\n")
+    assert ei.value.errno == errno.ENOENT and not (tree / "proc/irq/99").exists()

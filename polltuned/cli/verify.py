@@ -1,5 +1,6 @@
 """``polltuned verify``: re-read every managed knob; say which hold polltuned's value, which the
-admin changed (released: admin wins), which the kernel reset, which vanished."""
+admin changed (released: admin wins; for IRQ affinity IRQ by IRQ), which the kernel reset, which vanished.
+It only reports: the daemon's HOLD re-applies kernel resets (polltuned.daemon.watch)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ def run(args: argparse.Namespace) -> int:
     rows = act.verify()
     if args.json:
         print(json.dumps([{"key": r.key, "state": r.state, "expected": r.expected, "live": r.live,
-                           "baseline": r.baseline, "detail": r.detail} for r in rows], indent=2))
+                           "baseline": r.baseline, "detail": r.detail,
+                           **({"released_parts": list(r.released_parts)} if r.released_parts else {}),
+                           **({"reset_parts": list(r.reset_parts)} if r.reset_parts else {})} for r in rows],
+                         indent=2))
     else:
         if not rows:
             print("no managed knobs: the host is clean")

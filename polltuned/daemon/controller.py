@@ -61,6 +61,13 @@ class ActuatorLike(Protocol):
     def managed(self) -> Any: ...
 
 
+class WatcherLike(Protocol):
+    """polltuned.daemon.watch.Watcher: verifies the deployed knobs in HOLD (link events, every
+    ``hold.verify_every`` windows) and re-applies / releases / reports per knob."""
+
+    def step(self, *, window: int | None, every: int, deployed: Mapping[str, KnobValue]) -> Any: ...
+
+
 class WorkloadMeter(Protocol):
     """Counters view used in HOLD to notice workload drift: one number per signal per window."""
 
@@ -120,11 +127,13 @@ class Controller:
         max_rounds: int | None = None,
         kept: bool = False,
         forget_kept: Callable[[], None] | None = None,
+        watcher: WatcherLike | None = None,
     ) -> None:
         #: the previous run exited cleanly with on_exit = keep, in the journal epoch that is still open
         self.kept = kept
         #: called once recovery has honoured ``kept``: the marker belongs to the previous run only
         self.forget_kept = forget_kept
+        self.watcher = watcher
         self.policy = policy
         self.actuator = actuator
         self.env = env
@@ -299,6 +308,7 @@ class Controller:
                 step = min(remaining, 1.0)
                 self.clock.sleep(step)
                 remaining -= step
+                self._watch(None)   # a link event on a managed device: verify at once
                 yield self.phase
             if self._stop or self._pending_policy is not None:
                 break
@@ -318,6 +328,7 @@ class Controller:
                 except PolltunedError as e:
                     log.warning("HOLD: counters unavailable: %s", e.message)
             i += 1
+            self._watch(i)          # every hold.verify_every windows
             if no_baseline and w.ok:
                 # the last round could not measure a baseline (no traffic yet): tune once the probe works
                 usable += 1
@@ -348,6 +359,12 @@ class Controller:
             yield self.phase
             return True
         return False
+
+    def _watch(self, window: int | None) -> None:
+        if self.watcher is not None:
+            deployed = getattr(self.result, "deployed", None)
+            self.watcher.step(window=window, every=self.policy.hold.verify_every,
+                              deployed=deployed if isinstance(deployed, Mapping) else {})
 
     def _exit_steps(self) -> Iterator[str]:
         if self.policy.on_exit == "restore":

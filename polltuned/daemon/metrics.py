@@ -46,7 +46,8 @@ PHASES = ("IDLE", "RECOVER", "RESUME", "BASELINE", "PROPOSE", "APPLY", "SETTLE",
           "HOLD", "ROLLBACK", "DONE", "STOPPED")
 #: status-document owner text -> label value
 OWNERS = {"polltuned": "polltuned", "polltuned (restored)": "restored", "admin (released)": "released",
-          "unsupported": "unsupported", "gone": "gone", "not managed": "not_managed"}
+          "polltuned (partly released)": "partly_released", "unsupported": "unsupported", "gone": "gone",
+          "not managed": "not_managed"}
 KNOB_KINDS = ("original", "current", "best", "deployed")
 
 
@@ -116,7 +117,8 @@ def _knobs(doc: Mapping[str, Any]) -> Iterator[Metric]:
     text = GaugeMetricFamily("polltuned_knob_value_info", "non-numeric knob value (e.g. an IRQ affinity "
                              "strategy) as a label; always 1", labels=["knob", "kind", "value"])
     owner = GaugeMetricFamily("polltuned_knob_owner", "who owns the knob (always 1; the owner label says): polltuned, "
-                              "restored, released (changed by the admin: never written again), unsupported, gone, "
+                              "restored, released (changed by the admin: never written again), partly_released "
+                              "(some parts, e.g. one IRQ, left to the admin), unsupported, gone, "
                               "not_managed", labels=["knob", "owner"])
     for r in rows:
         key = str(r["key"])

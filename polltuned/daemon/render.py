@@ -75,7 +75,7 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
     if knobs:
         out.append("")
         rows = [[str(k.get("key")), _fmt(k.get("original")), _fmt(k.get("current")), _fmt(k.get("best")),
-                 str(k.get("owner", "-")) + (f" ({k['note']})" if k.get("note") else "")] for k in knobs]
+                 _owner(k)] for k in knobs]
         out += _table(["knob", "original", "current", "best", "owner"], rows)
     dropped = doc.get("dropped_knobs") or {}
     if dropped:
@@ -127,6 +127,7 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         rel = hold.get("relative_change") or {}
         out.append(f"hold: {hold.get('windows', 0)} windows watched, drift streak {hold.get('drift_streak', 0)}"
                    + ("; change vs reference: " + ", ".join(f"{k} {v:+.0%}" for k, v in rel.items()) if rel else ""))
+    out += _verification(doc.get("last_verification"), now)
     reloads = doc.get("reloads") or []
     if reloads and isinstance(reloads[-1], Mapping):
         last = reloads[-1]
@@ -153,6 +154,41 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
     if unavailable:
         out.append("counters unavailable: " + ", ".join(f"{k} ({v})" for k, v in sorted(unavailable.items())))
     return "\n".join(out)
+
+
+def _owner(k: Mapping[str, Any]) -> str:
+    owner = str(k.get("owner", "-"))
+    parts = k.get("released_parts") or []
+    if parts and owner.endswith("(partly released)"):
+        owner = owner[:-1] + ": " + ", ".join(map(str, parts)) + " left to the admin)"
+    return owner + (f" ({k['note']})" if k.get("note") else "")
+
+
+#: watcher states, as the status page words them (polltuned.daemon.watch)
+_VERIFY_WORDS = {"reapplied": "re-applied", "released": "released", "partly-released": "partly released",
+                 "gone": "gone", "failed": "failed", "interrupted": "interrupted", "admin": "left to the admin"}
+
+
+def _verification(ver: Any, now: float) -> list[str]:
+    """The last verification of the deployed knobs (HOLD): when, why, counts, what changed."""
+    if not isinstance(ver, Mapping) or not ver:
+        return []
+    from polltuned.daemon.watch import summarize
+
+    t = ver.get("t")
+    when = f"{max(0.0, now - float(t)):.0f} s ago" if isinstance(t, (int, float)) else "?"
+    out = ["", f"verification: {when} ({ver.get('trigger', '?')}): "
+               + (f"skipped: {ver['error']}" if ver.get("error") else summarize(ver.get("counts") or {}))]
+    for ch in ver.get("changes") or []:
+        if not isinstance(ch, Mapping) or ch.get("state") == "admin":
+            continue
+        word = _VERIFY_WORDS.get(str(ch.get("state")), str(ch.get("state")))
+        out.append(f"  {word:<17} {ch.get('key')}" + (f" — {ch['detail']}" if ch.get("detail") else ""))
+    totals = ver.get("totals") or {}
+    if totals:
+        out.append(f"  since start: {ver.get('verifications', '?')} verifications; "
+                   + ", ".join(f"{_VERIFY_WORDS.get(k, k)} {v}" for k, v in sorted(totals.items())))
+    return out
 
 
 def _pct_plain(x: Any) -> str:

@@ -33,9 +33,12 @@ def knob_rows(d: Daemon, c: Controller) -> list[dict[str, Any]]:
     keys = list(c.policy.knobs) + [k for k in managed if k not in c.policy.knobs]
     for key in keys:
         m = managed.get(key)
+        released_parts: list[str] = []
         if m is not None:
             owner = {"polltuned": "polltuned", "restored": "polltuned (restored)", "released": "admin (released)",
                      "unsupported": "unsupported", "gone": "gone"}.get(m.state, m.state)
+            if m.state == "polltuned" and m.released_parts:
+                owner, released_parts = "polltuned (partly released)", list(m.released_parts)
             original, current = m.baseline, m.live
         else:
             owner = "not managed" if key in live else "unsupported"
@@ -44,8 +47,11 @@ def knob_rows(d: Daemon, c: Controller) -> list[dict[str, Any]]:
         if (key in deployed and res is not None and not res.deployed_is_baseline and current == deployed[key]
                 and original != current):
             note = "deployed"
-        rows.append({"key": key, "original": original, "current": current, "best": best.get(key),
-                     "owner": owner, "note": note})
+        row = {"key": key, "original": original, "current": current, "best": best.get(key), "owner": owner,
+               "note": note}
+        if released_parts:
+            row["released_parts"] = released_parts   # e.g. the IRQs irqbalance moved: left to the admin
+        rows.append(row)
     return rows
 
 
@@ -75,6 +81,10 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
     store = getattr(d, "study", None)   # polltuned.study.Study of the current round ([study] in the config)
     if store is not None:
         doc["study"] = store.describe().to_json()
+    watcher = getattr(d, "watcher", None)
+    ver = watcher.status() if watcher is not None else None
+    if ver is not None:
+        doc["last_verification"] = ver
     scope = getattr(c.env, "cpu_scope", None)   # polltuned.metrics.cpu_scope.CpuScope, once the env has one
     if scope is not None and callable(getattr(scope, "status", None)):
         doc["cpu_scope"] = scope.status()

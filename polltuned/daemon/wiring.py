@@ -1,7 +1,8 @@
 """Builds the daemon from its configuration: the one place where every part is constructed.
 
 host (FsHost at --host-root) -> journal + actuator -> probe (policy) -> sampler (counters)
--> HostEnv -> Tuner factory (Study per policy: resume + warm start) -> Controller -> Service.
+-> HostEnv -> Tuner factory (Study per policy: resume + warm start) -> Watcher (HOLD verification,
+link events) -> Controller -> Service.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from polltuned.actuator import Actuator
 from polltuned.clock import Clock
 from polltuned.daemon.controller import Controller, TunerLike
+from polltuned.daemon.watch import Watcher
 from polltuned.engine.env import TrialEnv
 from polltuned.errors import PolltunedError
 from polltuned.host.fs import FsHost, Host
@@ -156,6 +158,8 @@ class Daemon:
     windows: WindowCounts = field(default_factory=WindowCounts)
     #: the study store of the current tuning round ([study] in the config; status shows it)
     study: Study | None = None
+    #: HOLD's verification of the deployed knobs (polltuned.daemon.watch); status shows its last one
+    watcher: Watcher | None = None
 
     def fit(self, policy: Policy) -> Policy:
         """The policy restricted to what this host and its probe support (one log line per dropped
@@ -213,9 +217,13 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
                            host_fingerprint=host_fingerprint(host, pol.nic), resume=rounds["n"] == 1,
                            observe=observe, dropped=daemon.dropped_knobs)
 
+    from polltuned.host.netlink import open_link_events
+
+    watcher = Watcher(actuator, clock, open_events=lambda: open_link_events(host))
     controller = Controller(policy=policy, actuator=actuator, env=env, make_tuner=make_tuner, clock=clock,
-                            meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds)
-    daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped, windows)
+                            meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds,
+                            watcher=watcher)
+    daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped, windows, watcher=watcher)
     return daemon
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_mod
 import fnmatch
 import os
@@ -9,6 +10,9 @@ from pathlib import Path
 from typing import Protocol
 
 from polltuned.errors import HostError
+
+#: suffix of the temporary file an atomic fake-tree write renames over its target (never listed)
+TMP_SUFFIX = ".polltuned-tmp"
 
 
 class Host(Protocol):
@@ -104,7 +108,7 @@ class FsHost:
 
     def listdir(self, p: str) -> list[str]:
         try:
-            return sorted(os.listdir(self.path(p)))
+            return sorted(n for n in os.listdir(self.path(p)) if not n.endswith(TMP_SUFFIX))
         except OSError as e:
             raise HostError(f"cannot list {p}: {os.strerror(e.errno or 0)}", errno=e.errno) from e
 
@@ -114,17 +118,27 @@ class FsHost:
             names = os.listdir(self.path(directory))
         except OSError:
             return []
-        return sorted(n for n in names if fnmatch.fnmatch(n, pattern))
+        return sorted(n for n in names if fnmatch.fnmatch(n, pattern) and not n.endswith(TMP_SUFFIX))
 
     def write_text(self, p: str, data: str) -> None:
-        """Write one value the way sysctl(8) does: a single write() of the whole string."""
+        """Write one value the way sysctl(8) does: a single write() of the whole string.
+
+        The kernel's procfs/sysfs stores are atomic: a reader (or a process killed mid-write) sees
+        the old value or the new one, never an empty or half-written file. On a fake tree (not
+        ``/``) the same holds: the value goes to a temporary file in the same directory that is
+        renamed over the target (the target must exist and be writable, as a kernel attribute
+        must; its mode is kept)."""
         target = self.path(p)
         try:
-            fd = os.open(target, os.O_WRONLY | (0 if self.is_real else os.O_TRUNC))
+            fd = os.open(target, os.O_WRONLY)
         except OSError as e:
             raise HostError(f"cannot open {p} for writing: {os.strerror(e.errno or 0)}", errno=e.errno) from e
+        payload = data.encode()
+        if not self.is_real:
+            os.close(fd)
+            self._replace(p, target, payload, data)
+            return
         try:
-            payload = data.encode()
             n = os.write(fd, payload)
             if n != len(payload):
                 raise HostError(f"short write to {p} ({n} of {len(payload)} bytes)", errno=errno_mod.EIO)
@@ -134,6 +148,25 @@ class FsHost:
             ) from e
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _replace(p: str, target: Path, payload: bytes, data: str) -> None:
+        tmp = target.with_name(f".{target.name}{TMP_SUFFIX}")
+        try:
+            mode = target.stat().st_mode & 0o7777
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, payload)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise HostError(
+                f"writing {data.strip()!r} to {p} failed: {os.strerror(e.errno or 0)}", errno=e.errno
+            ) from e
 
     def is_writable(self, p: str) -> bool:
         target = self.path(p)

@@ -167,6 +167,29 @@ class Knob(ABC):
         """True when the live state equals ``state`` (used to verify a restore)."""
         return self.snapshot() == state
 
+    # -- per-part ownership and re-created components (HOLD's watcher, admin wins per part) -------
+    def parts(self, value: KnobValue | None) -> dict[str, str] | None:
+        """The independently owned parts of a value in ``read()`` form (IRQ affinity: IRQ -> CPU
+        list), or None for an indivisible value (the default). Someone else's change to one part
+        releases that part only; polltuned keeps managing the others."""
+        return None
+
+    def without_parts(self, value: KnobValue, baseline: JsonValue, parts: frozenset[str]) -> KnobValue:
+        """``value`` (validated) narrowed so that writing it leaves ``parts`` untouched."""
+        return value
+
+    def state_without(self, state: JsonValue, parts: frozenset[str]) -> JsonValue:
+        """A snapshot without ``parts``: restoring or matching it leaves them alone."""
+        return state
+
+    def extend_baseline(self, state: JsonValue, value: KnobValue | None, now_state: JsonValue,
+                        now_value: KnobValue | None) -> tuple[JsonValue, KnobValue | None]:
+        """The first-touch baseline (snapshot ``state``, ``read()`` form ``value``) plus the
+        components of the live snapshot it does not know yet: NAPIs or IRQs the kernel created since
+        (link down/up, driver reset, more queues), whose live values are the kernel's defaults when
+        polltuned has not written them. Known components are never changed. Default: unchanged."""
+        return state, value
+
 
 def gone_or_raise(key: str, err: HostError) -> HostError:
     """Map a HostError on a knob's object to KnobGone when the errno says it vanished."""

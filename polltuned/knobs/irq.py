@@ -247,3 +247,40 @@ class IrqAffinityKnob(Knob):
             return False
         cur = self._current()
         return all(cur.get(k) == v for k, v in state.items() if k in cur)
+
+    # -- one part per IRQ: irqbalance moving one IRQ releases that IRQ only ----------------------
+    def parts(self, value: KnobValue | None) -> dict[str, str] | None:
+        if not isinstance(value, str) or value in STRATEGIES:
+            return None
+        m = parse_affinity_map(value)
+        if m is None:
+            return None
+        return {str(irq): format_cpu_list(cpus) for irq, cpus in m.items()}
+
+    def without_parts(self, value: KnobValue, baseline: JsonValue, parts: frozenset[str]) -> KnobValue:
+        if not parts:
+            return value
+        plan = self.plan(str(value), baseline)
+        return _format_map({irq: cpus for irq, cpus in plan.items() if str(irq) not in parts})
+
+    def state_without(self, state: JsonValue, parts: frozenset[str]) -> JsonValue:
+        if not isinstance(state, dict) or not parts:
+            return state
+        return {k: v for k, v in state.items() if k not in parts}
+
+    def extend_baseline(self, state: JsonValue, value: KnobValue | None, now_state: JsonValue,
+                        now_value: KnobValue | None) -> tuple[JsonValue, KnobValue | None]:
+        if not isinstance(state, dict) or not isinstance(now_state, dict):
+            return state, value
+        new = {k: v for k, v in now_state.items() if k not in state}
+        if not new:
+            return state, value
+        merged: dict[str, JsonValue] = {**state, **new}
+        old_parts = self.parts(value) or {}
+        joined = {**{k: str(v) for k, v in new.items()}, **old_parts}
+        return merged, _format_map({int(k): parse_cpu_list(v) for k, v in joined.items()})
+
+
+def _format_map(plan: dict[int, list[int]]) -> str:
+    """{irq: cpus} in the explicit form ``read()`` returns (``38:0-1;39:0``)."""
+    return ";".join(f"{irq}:{format_cpu_list(cpus)}" for irq, cpus in sorted(plan.items()))

@@ -232,6 +232,8 @@ class Hold(_Strict):
     drift_threshold: float = Field(0.3, gt=0, description="relative change that counts as drift")
     drift_windows: int = Field(3, ge=1, description="consecutive drifted windows before re-tuning")
     retune: bool = True
+    verify_every: int = Field(3, ge=0, description="verify the deployed knobs every N HOLD windows (kernel reset: "
+                              "re-applied; admin change: released); 0 = only on link events")
 
 
 class Policy(_Strict):
