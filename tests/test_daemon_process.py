@@ -109,6 +109,14 @@ class World:
             time.sleep(0.05)
         raise AssertionError(f"no notify message containing {pred!r}; got {self.messages[-10:]}")
 
+    def wait_any(self, preds: list[str], timeout: float = 150.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(p in m for m in list(self.messages) for p in preds):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"no notify message containing any of {preds}; got {self.messages[-10:]}")
+
     def status(self) -> dict[str, object]:
         r = self.cli("status", "--json")
         return json.loads(r.stdout)  # type: ignore[no-any-return]
@@ -238,11 +246,13 @@ def _rename_policy(w: World, name: str) -> None:
 def test_sighup_while_tuning_and_in_hold_retunes_with_the_new_policy(world: World) -> None:
     """Issue 10: SIGHUP in any phase reloads and re-tunes; RELOADING=1 is always answered by READY=1."""
     # longer windows so that the first round is surely still running when the first SIGHUP lands
-    world.policy.write_text(world.policy.read_text().replace("window_s = 0.01", "window_s = 0.05"))
+    world.policy.write_text(world.policy.read_text().replace("window_s = 0.01", "window_s = 0.2"))
     proc = world.start()
     try:
         world.wait_for("READY=1")
-        world.wait_for("STATUS=SETTLE trial")  # the first round is searching
+        # the first round is searching (STATUS= is rate-limited: any tuning phase will do)
+        world.wait_any(["STATUS=BASELINE", "STATUS=PROPOSE", "STATUS=APPLY", "STATUS=SETTLE", "STATUS=MEASURE",
+                        "STATUS=SCORE"])
         _rename_policy(world, "reloaded-in-tuning")
         proc.send_signal(signal.SIGHUP)
         world.wait_for("reloaded policy reloaded-in-tuning")
