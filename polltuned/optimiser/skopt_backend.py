@@ -2,16 +2,17 @@
 
 Proposals, in order:
 
-1. **A space-filling start** of ``max(initial_points, min(knobs + 2, 8))`` points (``Space.space_filling``:
+1. **A space-filling start** of ``max(initial_points, min(knobs + 4, 10))`` points (``Space.space_filling``:
    scrambled Sobol for switches and categories, values stratified per knob) over every knob's whole
    range, switches on and off; the host's own values are never the centre of anything. The policy's
    domain seeds, one knob at a time, fill at most half of the start (extra candidates, tried once;
    nothing later centres on them); a policy without seeds gets a wholly space-filling start.
-2. **Bayesian optimisation**: a scikit-optimize ``GaussianProcessRegressor`` (ConstantKernel x
-   Matern 5/2 with one length scale per encoded column, plus a white-noise term whose level starts
-   at, and is bounded around, the noise the engine *measured* on its reference windows — a GP left
-   alone under-estimates large noise, optimisation.md §2.2). Every acquisition scores candidates
-   from three sources: a trust region around the incumbent (side ``length`` in the unit cube;
+2. **Bayesian optimisation**: a scikit-optimize ``GaussianProcessRegressor`` whose kernel is
+   additive per knob (a Matern on each knob's own columns) plus a full ARD Matern for interactions
+   (polltuned.optimiser.kernels), plus a white-noise term whose level starts at, and is bounded
+   around, the noise the engine *measured* on its reference windows (a GP left alone under-estimates
+   large noise, optimisation.md §2.2); hyper-parameters warm-started from the previous fit. Every
+   acquisition scores candidates from three sources: a trust region around the incumbent (side ``length`` in the unit cube;
    doubles after 2 successes, halves after ``max(3, d/2)`` failures, and *restarts* — back to its
    initial size, the next acquisition drawn from the whole space only — when it falls below
    ``length_min``), uniform global samples (``global_fraction`` of every pool), and the policy's
@@ -34,7 +35,6 @@ half), acquisition scores ~1000 candidates, BLAS is capped at one thread (thread
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from itertools import zip_longest
 from typing import Any
@@ -76,7 +76,6 @@ class SkoptOptimiser(HistoryBookkeeping):
         self.endgame_windows = 3
         self.bad_radius = 0.08
         self.min_move = 0.05
-        self.kernel_kind = os.environ.get("POLLTUNED_KERNEL", "additive")
         self._succ = 0
         self._fail = 0
         self._restart = False
@@ -86,7 +85,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         self._bad: list[np.ndarray] = []
         self._body_theta: np.ndarray | None = None
         base = self._base_key
-        n_design = max(initial_points, min(len(space.dims) + 2, 8))
+        n_design = max(initial_points, min(len(space.dims) + 4, 10))
         self._seeds = space.seed_configs(self.baseline)
         # the policy's domain seeds (one knob at a time on top of the host's values) take at most
         # half of the start, interleaved with the space-filling points; the rest of the search
@@ -259,7 +258,8 @@ class SkoptOptimiser(HistoryBookkeeping):
         if self._model is not None and self._model_sig == sig and not lies:
             return self._model
         from skopt.learning import GaussianProcessRegressor
-        from skopt.learning.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+        from polltuned.optimiser.kernels import additive_plus_full
 
         obs = list(enumerate(self.hist.order))
         if len(obs) > self.max_fit_points:
@@ -279,15 +279,8 @@ class SkoptOptimiser(HistoryBookkeeping):
         # the measured noise, in the units of the normalised y the GP fits
         nl = float(np.clip(self.noise_sd ** 2 / max(var, 1e-6), 1e-4, 4.0))
         nb = (nl / 4.0, min(nl * 4.0, 10.0))
-        if self.kernel_kind == "additive":
-            from polltuned.optimiser.kernels import additive_plus_full
-
-            groups = [tuple(range(d.offset, d.offset + d.width)) for d in self.space.dims]
-            kernel = additive_plus_full(groups, self.space.width, nl, nb)
-        else:
-            kernel = (ConstantKernel(1.0, (0.01, 1000.0))
-                      * Matern(length_scale=np.ones(self.space.width), length_scale_bounds=(0.05, 1.0), nu=2.5)
-                      + WhiteKernel(noise_level=nl, noise_level_bounds=nb))
+        groups = [tuple(range(d.offset, d.offset + d.width)) for d in self.space.dims]
+        kernel = additive_plus_full(groups, self.space.width, nl, nb)
         # warm start: the hyper-parameters start where the last fit ended (one L-BFGS run instead of
         # restarts from scratch keeps a step well under 0.3 s at 100 observations)
         prev = self._body_theta
