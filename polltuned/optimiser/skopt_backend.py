@@ -13,8 +13,8 @@ Proposals, in order:
    around, the noise the engine *measured* on its reference windows (a GP left alone under-estimates
    large noise, optimisation.md §2.2); hyper-parameters warm-started from the previous fit. Every
    acquisition scores candidates from three sources: a trust region around the incumbent (side
-   ``length`` in the unit cube; doubles after 2 successes, halves after ``max(3, d/2)`` failures, and *restarts* — back to its
-   initial size, the next acquisition drawn from the whole space only — when it falls below
+   ``length`` in the unit cube; doubles after 2 successes, halves after ``max(3, d/2)`` failures,
+   and *restarts* — back to its initial size, the next acquisition drawn from the whole space only — when it falls below
    ``length_min``), uniform global samples (``global_fraction`` of every pool), and the policy's
    domain seeds not yet tried (extra candidates, never the centre). The pick maximises expected
    improvement over the best *posterior mean* of an evaluated configuration (noise-aware, not the
