@@ -27,7 +27,9 @@ GLOBAL_KNOBS = ("/proc/sys/net/core/busy_read", "/proc/sys/net/core/busy_poll",
 
 def _snapshot(host: FsHost) -> dict[str, str]:
     snap = {p: host.read_text(p).strip() for p in GLOBAL_KNOBS if host.exists(p)}
-    snap["netns"] = ",".join(host.glob("/run/netns", "*"))
+    # The bench's own namespaces (ptb-*) are excluded: a killed earlier run may leave them, and the
+    # bench removes such leftovers itself at start (asserted separately below).
+    snap["netns"] = ",".join(n for n in host.glob("/run/netns", "*") if not n.startswith("ptb-"))
     return snap
 
 
