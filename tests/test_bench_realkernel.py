@@ -25,11 +25,11 @@ GLOBAL_KNOBS = ("/proc/sys/net/core/busy_read", "/proc/sys/net/core/busy_poll",
                 "/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 
 
-def _snapshot(host: FsHost) -> dict[str, str]:
+def _snapshot(host: FsHost, *, bench_netns: bool = True) -> dict[str, str]:
     snap = {p: host.read_text(p).strip() for p in GLOBAL_KNOBS if host.exists(p)}
-    # The bench's own namespaces (ptb-*) are excluded: a killed earlier run may leave them, and the
-    # bench removes such leftovers itself at start (asserted separately below).
-    snap["netns"] = ",".join(n for n in host.glob("/run/netns", "*") if not n.startswith("ptb-"))
+    # With bench_netns=False the bench's own namespaces (ptb-*) are left out: a killed earlier run
+    # may leave them, and the bench removes such leftovers itself at start (asserted separately).
+    snap["netns"] = ",".join(n for n in host.glob("/run/netns", "*") if bench_netns or not n.startswith("ptb-"))
     return snap
 
 
@@ -41,7 +41,7 @@ def test_real_bench_short(real_kernel: None, tmp_path: Path) -> None:
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed")
     host = FsHost("/")
-    before = _snapshot(host)
+    before = _snapshot(host, bench_netns=False)
     live_busy_read: set[str] = set()
 
     def progress(msg: str) -> None:
@@ -51,7 +51,7 @@ def test_real_bench_short(real_kernel: None, tmp_path: Path) -> None:
                              state_dir=tmp_path / "state", record=tmp_path / "rec.jsonl")
     res = run_bench(settings, host=host, clock=SystemClock(), progress=progress)
 
-    after = _snapshot(host)
+    after = _snapshot(host, bench_netns=False)
     assert after == before, "a knob or namespace was not restored"
     assert not [n for n in host.glob("/run/netns", "ptb-*")]
     assert res.restored
@@ -93,7 +93,7 @@ def test_crashed_bench_is_cleaned_up(real_kernel: None, tmp_path: Path) -> None:
     if shutil.which("sockperf") is None:
         pytest.skip("sockperf not installed")
     host = FsHost("/")
-    before = _snapshot(host)
+    before = _snapshot(host, bench_netns=False)
     state = tmp_path / "st"
     env = {**os.environ, "POLLTUNED_TEST_PAUSE_AFTER": "write:1"}
     proc = subprocess.Popen(
@@ -121,7 +121,7 @@ def test_crashed_bench_is_cleaned_up(real_kernel: None, tmp_path: Path) -> None:
     dirty, removed = recover(state / "bench", host=host, clock=SystemClock())
     assert dirty
     assert sorted(removed) == ["ptb-c", "ptb-s"]
-    assert _snapshot(host) == before
+    assert _snapshot(host, bench_netns=False) == before
     assert recover(state / "bench", host=host, clock=SystemClock()) == (False, [])
 
 
@@ -138,7 +138,7 @@ def test_sigint_and_sigterm_restore_everything(real_kernel: None, tmp_path: Path
     if shutil.which("sockperf") is None:
         pytest.skip("sockperf not installed")
     host = FsHost("/")
-    before = _snapshot(host)
+    before = _snapshot(host, bench_netns=False)
     for sig in (signal.SIGINT, signal.SIGTERM):
         proc = subprocess.Popen(
             [sys.executable, "-m", "polltuned", "--state-dir", str(tmp_path / sig.name), "bench", "--no-lock",
@@ -155,7 +155,7 @@ def test_sigint_and_sigterm_restore_everything(real_kernel: None, tmp_path: Path
         rest = proc.communicate(timeout=60)[1]
         assert changed or any("apply" in s for s in seen), "".join(seen)[-2000:]
         assert proc.returncode != 0
-        assert _snapshot(host) == before, f"{sig.name}: not restored\n{rest[-2000:]}"
+        assert _snapshot(host, bench_netns=False) == before, f"{sig.name}: not restored\n{rest[-2000:]}"
 
 
 def _app_pids() -> set[tuple[int, str]]:
@@ -183,13 +183,13 @@ def test_real_bench_application_workloads(real_kernel: None, tmp_path: Path, wor
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed")
     host = FsHost("/")
-    before = _snapshot(host)
+    before = _snapshot(host, bench_netns=False)
     apps_before = _app_pids()
     settings = BenchSettings(workload=workload, budget=4, window_s=1.0, compare_rounds=1, max_rounds=1,
                              confirm_pairs=2, state_dir=tmp_path / "state")
     res = run_bench(settings, host=host, clock=SystemClock())
 
-    assert _snapshot(host) == before, "a knob or namespace was not restored"
+    assert _snapshot(host, bench_netns=False) == before, "a knob or namespace was not restored"
     assert _app_pids() == apps_before, "a server or client was left running"
     assert not (tmp_path / "state" / "bench-app").exists() and not (tmp_path / "state" / "bench-world.json").exists()
     assert res.restored
@@ -224,7 +224,7 @@ def test_crashed_nginx_bench_is_cleaned_up_by_cleanup(real_kernel: None, tmp_pat
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed")
     host = FsHost("/")
-    before = _snapshot(host)
+    before = _snapshot(host, bench_netns=False)
     apps_before = _app_pids()
     state = tmp_path / "st"
     env = {**os.environ, "POLLTUNED_TEST_PAUSE_AFTER": "write:1"}
@@ -260,4 +260,4 @@ def test_crashed_nginx_bench_is_cleaned_up_by_cleanup(real_kernel: None, tmp_pat
         time.sleep(0.1)
     assert _app_pids() == apps_before
     assert not (state / "bench" / "bench-app").exists()
-    assert _snapshot(host) == before
+    assert _snapshot(host, bench_netns=False) == before
