@@ -186,6 +186,7 @@ class BenchEnv:
         return cur
 
     def apply(self, config: Config) -> None:
+        raise_if_interrupted()
         self.inner.apply(config)
         self._config = {**self._config, **dict(config)}
 
@@ -193,6 +194,7 @@ class BenchEnv:
         return self.inner.describe()
 
     def measure(self, window_index: int) -> Window:
+        raise_if_interrupted()
         p0 = read_cpuidle_poll_us(self.host)
         s0 = read_steal_ticks(self.host)
         f0 = self._foreign() if self._foreign is not None else None
@@ -591,25 +593,44 @@ class BenchInterrupted(KeyboardInterrupt):
     """SIGTERM during a bench: unwinds like Ctrl-C so every finally block restores the host."""
 
 
+_interrupted: list[int] = []  # signals received inside signals_raise(), cleared when it exits
+
+
+def raise_if_interrupted() -> None:
+    """A checkpoint on the forward path (each window's apply and measure; never the undo path).
+
+    A signal handler's exception is *swallowed* by the interpreter when the signal lands while an
+    at-fork callback runs (logging's ``_releaseLock`` after every subprocess or pyroute2 fork prints
+    "Exception ignored" and carries on): without this checkpoint such a Ctrl-C or SIGTERM was lost
+    and the bench ran to the end."""
+    if _interrupted:
+        raise BenchInterrupted(f"signal {_interrupted[0]}")
+
+
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
-    """SIGTERM raises BenchInterrupted in this process only.
+    """SIGINT and SIGTERM raise BenchInterrupted (a KeyboardInterrupt) in this process only.
 
     pyroute2 opens sockets inside a named netns from a forked child and stops that child with
-    SIGTERM; the child inherits this handler. Raising there would unwind the *parent's* copied stack
-    in the child (running its finally/undo code against the real host), so a child exits at once."""
+    SIGTERM (and Ctrl-C reaches the whole process group); the child inherits this handler. Raising
+    there would unwind the *parent's* copied stack in the child (running its finally/undo code
+    against the real host), so a child exits at once. The signal is also remembered, so that
+    :func:`raise_if_interrupted` raises it at the next window if the first raise was swallowed."""
     owner = os.getpid()
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         if os.getpid() != owner:
             os._exit(0)
+        _interrupted.append(signum)
         raise BenchInterrupted(f"signal {signum}")
 
-    old = signal.signal(signal.SIGTERM, on_term)
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        _interrupted.clear()
 
 
 # ---------------------------------------------------------------------------- orchestration

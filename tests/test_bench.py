@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -333,3 +334,30 @@ def test_bench_table_checks_the_issue_targets() -> None:
     assert w["vs_oracle"] == "no oracle arm"
     harmful = {"default": arm(100, 90), "static": arm(300, 250), "deployed": arm(100, 90)}
     assert "not >= 2x" in verdicts(harmful)["gain_share"] and "met" in verdicts(harmful)["vs_best"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_swallowed_interrupt_is_raised_at_the_next_window() -> None:
+    """A signal that lands in an at-fork callback or a __del__ has its exception swallowed by the
+    interpreter ("Exception ignored in ..."): the bench must still stop at the next checkpoint."""
+    import gc
+    import signal
+    import time
+
+    from polltuned.bench import BenchInterrupted, raise_if_interrupted, signals_raise
+
+    class SignalledWhileFinalising:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler runs here, inside __del__: its exception is ignored
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with signals_raise():
+        raise_if_interrupted()  # nothing pending yet
+        obj = SignalledWhileFinalising()
+        del obj
+        gc.collect()
+        with pytest.raises(BenchInterrupted, match="signal 15"):
+            raise_if_interrupted()
+    raise_if_interrupted()  # cleared once the bench's signal scope is left
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

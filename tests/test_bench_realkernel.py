@@ -152,7 +152,14 @@ def test_sigint_and_sigterm_restore_everything(real_kernel: None, tmp_path: Path
                 break  # a trial window was measured: knobs are changed now
         changed = _snapshot(host) != before
         proc.send_signal(sig)
-        rest = proc.communicate(timeout=60)[1]
+        try:
+            rest = proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()  # never leave a bench running into the next test
+            proc.communicate(timeout=30)
+            from polltuned.bench import recover
+            recover(tmp_path / sig.name / "bench", host=host, clock=SystemClock())
+            pytest.fail(f"{sig.name}: the bench did not stop within 60 s")
         assert changed or any("apply" in s for s in seen), "".join(seen)[-2000:]
         assert proc.returncode != 0
         assert _snapshot(host, bench_netns=False) == before, f"{sig.name}: not restored\n{rest[-2000:]}"

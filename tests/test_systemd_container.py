@@ -251,6 +251,9 @@ def test_unit_under_real_systemd(container: tuple[Container, Path]) -> None:
     if str(Path(sys.base_prefix).resolve()).startswith(("/root", "/home")):
         extra = "ProtectHome=read-only\n"
         c.run("chmod", "0755", "/root")
+    # a checkout under /tmp (a CI runner's scratch clone) would be hidden by the unit's PrivateTmp=yes
+    if any(str(p.resolve()).startswith(("/tmp/", "/var/tmp/")) for p in (REPO, VENV, Path(sys.base_prefix))):
+        extra += "PrivateTmp=no\n"
     c.write("/etc/systemd/system/polltuned.service.d/test.conf", DROPIN.format(pt=PT, extra=extra))
     c.write("/etc/polltuned/polltuned.toml", CONFIG)
     c.run("systemctl", "daemon-reload")
