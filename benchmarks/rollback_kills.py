@@ -15,15 +15,13 @@ import argparse
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.test_crash_rollback import actuator, random_assignment
+from tests.test_crash_rollback import rollback_killed_then_again
 from tests.test_knobs_faketree import make_tree, tree_values
 
 
@@ -40,21 +38,8 @@ def main() -> int:
         originals = tree_values(root)
         for i in range(args.iterations):
             state = base / f"rb{i}"
-            act = actuator(root, state)
-            for _ in range(rng.randint(1, 3)):
-                act.apply(random_assignment(rng))
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    actuator(root, state).rollback()
-                except BaseException:
-                    os._exit(3)
-                os._exit(0)
-            time.sleep(rng.uniform(0.0, 0.004))
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-            counts["killed"] += os.WIFSIGNALED(status)
-            rep = actuator(root, state).rollback()
+            killed, rep = rollback_killed_then_again(root, state, rng)
+            counts["killed"] += killed
             released = [x for x in rep.items if x.outcome == "released"]
             for x in released:
                 print(f"iteration {i}: {x.key} released, found {x.value!r}")

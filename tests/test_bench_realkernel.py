@@ -11,8 +11,12 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from polltuned.bench import BenchSettings, render_table, run_bench
@@ -31,6 +35,27 @@ def _snapshot(host: FsHost, *, bench_netns: bool = True) -> dict[str, str]:
     # may leave them, and the bench removes such leftovers itself at start (asserted separately).
     snap["netns"] = ",".join(n for n in host.glob("/run/netns", "*") if bench_netns or not n.startswith("ptb-"))
     return snap
+
+
+def _bench_paused_at_first_write(state: Path, *args: str) -> subprocess.Popen[bytes]:
+    """A `polltuned bench` that stops itself (SIGSTOP) right after its first real knob write; the
+    caller SIGKILLs it. Fails the test if the bench exits or never gets there within 120 s."""
+    env = {**os.environ, "POLLTUNED_TEST_PAUSE_AFTER": "write:1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polltuned", "--state-dir", str(state), "bench", "--no-lock", *args,
+         "--budget", "4", "--window", "1", "--rounds", "1"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"bench exited before its first write: {proc.stderr.read().decode()[-2000:]}"
+                        if proc.stderr else "bench exited early")
+        if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
+            return proc
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait(10)
+    pytest.fail("bench never reached its first knob write")
 
 
 @pytest.mark.realkernel
@@ -82,11 +107,6 @@ def test_real_bench_short(real_kernel: None, tmp_path: Path) -> None:
 def test_crashed_bench_is_cleaned_up(real_kernel: None, tmp_path: Path) -> None:
     """SIGKILL a bench right after its first real knob write; recover() puts everything back."""
     import signal
-    import subprocess
-    import sys
-    import time
-
-    import psutil
 
     from polltuned.bench import recover
 
@@ -95,21 +115,8 @@ def test_crashed_bench_is_cleaned_up(real_kernel: None, tmp_path: Path) -> None:
     host = FsHost("/")
     before = _snapshot(host, bench_netns=False)
     state = tmp_path / "st"
-    env = {**os.environ, "POLLTUNED_TEST_PAUSE_AFTER": "write:1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "polltuned", "--state-dir", str(state), "bench", "--no-lock", "--budget", "4",
-         "--window", "1", "--rounds", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = _bench_paused_at_first_write(state)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"bench exited before its first write: {proc.stderr.read().decode()[-2000:]}"
-                            if proc.stderr else "bench exited early")
-            if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("bench never reached its first knob write")
         crashed = _snapshot(host)
         assert crashed != before, "the paused bench should have changed a knob and created namespaces"
         assert "ptb-c" in crashed["netns"]
@@ -225,7 +232,6 @@ def test_crashed_nginx_bench_is_cleaned_up_by_cleanup(real_kernel: None, tmp_pat
     import sys
     import time
 
-    import psutil
 
     for tool in ("nginx", "wrk", "sockperf"):
         if shutil.which(tool) is None:
@@ -234,22 +240,8 @@ def test_crashed_nginx_bench_is_cleaned_up_by_cleanup(real_kernel: None, tmp_pat
     before = _snapshot(host, bench_netns=False)
     apps_before = _app_pids()
     state = tmp_path / "st"
-    env = {**os.environ, "POLLTUNED_TEST_PAUSE_AFTER": "write:1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "polltuned", "--state-dir", str(state), "bench", "--no-lock", "--workload", "nginx",
-         "--budget", "4", "--window", "1", "--rounds", "1"], env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE)
+    proc = _bench_paused_at_first_write(state, "--workload", "nginx")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"bench exited before its first write: {proc.stderr.read().decode()[-2000:]}"
-                            if proc.stderr else "bench exited early")
-            if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("bench never reached its first knob write")
         assert any(name == "nginx" for _, name in _app_pids() - apps_before), "nginx should be running"
         assert (state / "bench" / "bench-app" / "nginx.conf").exists()
     finally:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.actuator import PAUSE_ENV, Actuator, JournalRecovered
+from polltuned.actuator import PAUSE_ENV, Actuator, JournalRecovered, RollbackReport
 from polltuned.clock import FakeClock
 from polltuned.errors import JournalError
 from polltuned.host.fs import FsHost
@@ -76,6 +76,25 @@ def actuator(root: Path, state: Path) -> Actuator:
 def random_assignment(rng: random.Random) -> dict[str, object]:
     keys = rng.sample(sorted(CANDIDATES), rng.randint(2, 6))
     return {k: rng.choice(CANDIDATES[k]) for k in keys}
+
+
+def rollback_killed_then_again(root: Path, state: Path, rng: random.Random) -> tuple[bool, RollbackReport]:
+    """Apply 1-3 random assignments, SIGKILL a rollback in a child after 0-4 ms, then roll back again.
+    Returns whether the child was really killed and the second rollback's report."""
+    act = actuator(root, state)
+    for _ in range(rng.randint(1, 3)):
+        act.apply(random_assignment(rng))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            actuator(root, state).rollback()
+        except BaseException:
+            os._exit(3)
+        os._exit(0)
+    time.sleep(rng.uniform(0.0, 0.004))
+    os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status), actuator(root, state).rollback()
 
 
 def kill_in_child(root: Path, state: Path, plan: list[dict[str, object]], pause: str | None,
@@ -333,22 +352,8 @@ def test_sigkill_during_rollback_then_rollback_again(fast_dir: Path) -> None:
     originals = tree_values(root)
     hits = 0
     for i in range(40):
-        state = fast_dir / f"rb{i}"
-        act = actuator(root, state)
-        for _ in range(rng.randint(1, 3)):
-            act.apply(random_assignment(rng))
-        pid = os.fork()
-        if pid == 0:
-            try:
-                actuator(root, state).rollback()
-            except BaseException:
-                os._exit(3)
-            os._exit(0)
-        time.sleep(rng.uniform(0.0, 0.004))
-        os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        hits += os.WIFSIGNALED(status)
-        rep = actuator(root, state).rollback()
+        killed, rep = rollback_killed_then_again(root, fast_dir / f"rb{i}", rng)
+        hits += killed
         assert rep.ok, [x for x in rep.items if x.outcome == "failed"]
         assert all(x.outcome != "released" for x in rep.items), rep
         assert_all_original(root, originals, f"rollback-kill iteration {i}")

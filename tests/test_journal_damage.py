@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.actuator import Actuator, JournalRecovered
+from polltuned.actuator import JournalRecovered
 from polltuned.cli.main import main
 from polltuned.clock import FakeClock
 from polltuned.errors import ExitCode, JournalCopiesDisagree, JournalError
-from polltuned.host.fs import FsHost
 from polltuned.journal import (
     COPY_NAME,
     JOURNAL_NAME,
@@ -29,18 +28,12 @@ from polltuned.journal import (
     replay,
     salvage_records,
 )
-from polltuned.knobs.registry import KnobRegistry
+from tests.test_crash_rollback import actuator as act
 from tests.test_knobs_faketree import make_tree, tree_values
 
 BP = "proc/sys/net/core/busy_poll"
 BR = "proc/sys/net/core/busy_read"
 GFT = "sys/class/net/eth0/gro_flush_timeout"
-
-
-def act(root: Path, state: Path) -> Actuator:
-    c = FakeClock()
-    h = FsHost(root)
-    return Actuator(h, Journal(state, clock=c), registry=KnobRegistry(h, app_cpus=[1]), app_cpus=[1], clock=c)
 
 
 def rec(seq: int, type_: str, **kw: object) -> dict[str, object]:

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.actuator import Actuator, JournalRecovered
+from polltuned.actuator import JournalRecovered
 from polltuned.clock import FakeClock
 from polltuned.errors import JournalCopiesDisagree, JournalError
-from polltuned.host.fs import FsHost
 from polltuned.journal import (
     COPY_NAME,
     JOURNAL_NAME,
@@ -32,7 +31,8 @@ from polltuned.journal import (
     replay,
     salvage_records,
 )
-from polltuned.knobs.registry import KnobRegistry
+from tests.test_crash_rollback import actuator as act
+from tests.test_journal_damage import rec
 from tests.test_knobs_faketree import make_tree
 from tests.test_watch import link_flap, napi_values
 
@@ -41,14 +41,6 @@ IRQ = "eth0:irq_affinity"
 BUSY = "net.core.busy_poll"
 
 
-def act(root: Path, state: Path) -> Actuator:
-    c = FakeClock()
-    h = FsHost(root)
-    return Actuator(h, Journal(state, clock=c), registry=KnobRegistry(h, app_cpus=[1]), app_cpus=[1], clock=c)
-
-
-def rec(seq: int, type_: str, **kw: object) -> dict[str, object]:
-    return {"v": 1, "seq": seq, "t": 1.0, "type": type_, **kw}
 
 
 def irq(root: Path, n: int) -> str:
