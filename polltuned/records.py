@@ -32,6 +32,9 @@ class Window:
     duration_s: float = 0.0
     error: str | None = None
     extra: Mapping[str, float] = field(default_factory=dict)
+    #: what the load looked like during the window (signal name -> value), chosen so that the
+    #: knobs' own effects do not move it: the contextual model's inputs (empty when unknown)
+    context: Mapping[str, float] = field(default_factory=dict)
 
     @staticmethod
     def failed(error: str, duration_s: float = 0.0) -> Window:
@@ -54,6 +57,7 @@ class Window:
             "duration_s": self.duration_s,
             "error": self.error,
             "extra": dict(self.extra),
+            "context": dict(self.context),
         }
 
     @staticmethod
@@ -63,6 +67,7 @@ class Window:
 
         lat = d.get("latency") or {}
         extra = d.get("extra") or {}
+        ctx = d.get("context") or {}
         return Window(
             ok=bool(d.get("ok")),
             latency={str(k): float(v) for k, v in lat.items()},  # type: ignore[attr-defined]
@@ -73,4 +78,5 @@ class Window:
             duration_s=float(d.get("duration_s") or 0.0),  # type: ignore[arg-type]
             error=None if d.get("error") is None else str(d.get("error")),
             extra={str(k): float(v) for k, v in extra.items()},  # type: ignore[attr-defined]
+            context={str(k): float(v) for k, v in ctx.items()},  # type: ignore[attr-defined]
         )

@@ -27,6 +27,9 @@ from polltuned.errors import UsageError
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 
+#: a window's load context (signal name -> value, see records.Window.context)
+Context = Mapping[str, float]
+
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -40,13 +43,17 @@ class Optimiser(Protocol):
     name: str
 
     def ask(self, remaining: int | None = None,
-            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
+            pending: Sequence[Mapping[str, KnobValue]] = (), *,
+            context: Context | None = None) -> dict[str, KnobValue]:
         """Next configuration to try. ``remaining``: windows left in the budget (a hint);
-        ``pending``: configurations being measured elsewhere right now (not to be proposed again)."""
+        ``pending``: configurations being measured elsewhere right now (not to be proposed again);
+        ``context``: the load now (a contextual backend optimises the knobs with it fixed)."""
         ...
-    def tell(self, config: Mapping[str, KnobValue], y: float) -> None: ...
-    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]]) -> None:
-        """Replace every observation (the engine revised the windows' reference levels)."""
+    def tell(self, config: Mapping[str, KnobValue], y: float, *, context: Context | None = None) -> None: ...
+    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]], *,
+               contexts: Sequence[Context | None] | None = None) -> None:
+        """Replace every observation (the engine revised the windows' reference levels);
+        ``contexts``, when given, runs parallel to ``observations``."""
         ...
     def tell_failed(self, config: Mapping[str, KnobValue]) -> None: ...
     def set_noise(self, sd: float) -> None:
@@ -140,11 +147,12 @@ class HistoryBookkeeping:
     hist: History
     _cpu: CpuMeter
 
-    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
+    def tell(self, config: Mapping[str, KnobValue], y: float, *, context: Context | None = None) -> None:
         with self._cpu:
             self.hist.add(config, y)
 
-    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]]) -> None:
+    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]], *,
+               contexts: Sequence[Context | None] | None = None) -> None:
         with self._cpu:
             self.hist.reset()
             for c, y in observations:

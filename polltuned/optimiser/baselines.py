@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from polltuned.optimiser import CpuMeter, History, HistoryBookkeeping
+from polltuned.optimiser import Context, CpuMeter, History, HistoryBookkeeping
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 
@@ -26,7 +26,8 @@ class RandomOptimiser(HistoryBookkeeping):
         return self._base_key
 
     def ask(self, remaining: int | None = None,
-            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
+            pending: Sequence[Mapping[str, KnobValue]] = (), *,
+            context: Context | None = None) -> dict[str, KnobValue]:
         busy = {self.space.key_of(p) for p in pending}
         with self._cpu:
             for _ in range(200):
@@ -66,7 +67,8 @@ class GridOptimiser(HistoryBookkeeping):
         return self._base_key
 
     def ask(self, remaining: int | None = None,
-            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
+            pending: Sequence[Mapping[str, KnobValue]] = (), *,
+            context: Context | None = None) -> dict[str, KnobValue]:
         busy = {self.space.key_of(p) for p in pending}
         with self._cpu:
             while self._pos < len(self._queue):

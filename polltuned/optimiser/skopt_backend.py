@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from polltuned.optimiser import CpuMeter, History, HistoryBookkeeping, Recommendation
+from polltuned.optimiser import Context, CpuMeter, History, HistoryBookkeeping, Recommendation
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 
@@ -96,7 +96,8 @@ class SkoptOptimiser(HistoryBookkeeping):
 
     # ------------------------------------------------------------------ protocol
     def ask(self, remaining: int | None = None,
-            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
+            pending: Sequence[Mapping[str, KnobValue]] = (), *,
+            context: Context | None = None) -> dict[str, KnobValue]:
         busy = {self.space.key_of(p) for p in pending}
         with self._cpu, _one_blas_thread():
             while self._design:
@@ -114,7 +115,7 @@ class SkoptOptimiser(HistoryBookkeeping):
                     return ex
             return self._acquire(pending, busy)
 
-    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
+    def tell(self, config: Mapping[str, KnobValue], y: float, *, context: Context | None = None) -> None:
         with self._cpu:
             k = self.space.key_of(config)
             first = k not in self.hist.entries
@@ -125,7 +126,8 @@ class SkoptOptimiser(HistoryBookkeeping):
             if first and prev_best is not None and k != self._base_key:
                 self._trust_region_update(y < prev_best - self.min_gain)
 
-    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]]) -> None:
+    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]], *,
+               contexts: Sequence[Context | None] | None = None) -> None:
         with self._cpu:
             self.hist.reset()
             for c, y in observations:
