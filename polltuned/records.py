@@ -21,6 +21,7 @@ class Window:
     carries ``error`` and must never be scored as a good number.
     latency: statistic name (see LATENCY_STATS) -> microseconds.
     cpu_cores: cores spent in system+softirq+irq (+ workload system time) over the window.
+    histogram: see polltuned.histogram; where there is one, the objective's percentile comes from it.
     """
 
     ok: bool
@@ -35,6 +36,9 @@ class Window:
     #: what the load looked like during the window (signal name -> value), chosen so that the
     #: knobs' own effects do not move it: the contextual model's inputs (empty when unknown)
     context: Mapping[str, float] = field(default_factory=dict)
+    #: the window's latency histogram when the probe gives one (polltuned.histogram: HdrHistogram
+    #: V2 compressed base64 text, ns): windows, rounds and hosts merge by adding it
+    histogram: str | None = None
 
     @staticmethod
     def failed(error: str, duration_s: float = 0.0) -> Window:
@@ -58,6 +62,7 @@ class Window:
             "error": self.error,
             "extra": dict(self.extra),
             "context": dict(self.context),
+            **({"histogram": self.histogram} if self.histogram is not None else {}),
         }
 
     @staticmethod
@@ -68,6 +73,7 @@ class Window:
         lat = d.get("latency") or {}
         extra = d.get("extra") or {}
         ctx = d.get("context") or {}
+        hist = d.get("histogram")
         return Window(
             ok=bool(d.get("ok")),
             latency={str(k): float(v) for k, v in lat.items()},  # type: ignore[attr-defined]
@@ -79,4 +85,5 @@ class Window:
             error=None if d.get("error") is None else str(d.get("error")),
             extra={str(k): float(v) for k, v in extra.items()},  # type: ignore[attr-defined]
             context={str(k): float(v) for k, v in ctx.items()},  # type: ignore[attr-defined]
+            histogram=hist if isinstance(hist, str) and hist else None,
         )
