@@ -12,6 +12,10 @@ Combinations (policy ``objective.combine``):
   latency_cpu_budget J = L, infeasible when cpu_cores > constraints.cpu_budget_cores
   cpu_per_throughput J = cpu_cores / throughput_pps * 1e6 (CPU µs per packet), infeasible when
                      L > latency_ceiling_us
+The latency L is the window's ``objective.statistic``; where the window carries a histogram
+(polltuned.histogram) it comes from the histogram (:func:`latency_of`), and :func:`arm_latency`
+gives the statistic of several windows together (their histograms added: the true p99 of all
+their requests, not a mean of per-window p99s).
 CPU cost is the cores spent in system+softirq+irq on the CPUs in scope, including the
 application's busy-poll time (it appears as system time); the probe/env fills ``cpu_cores``.
 """
@@ -19,8 +23,10 @@ application's busy-poll time (it appears as system time); the probe/env fills ``
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from polltuned.histogram import PERCENTILES, HistogramError, LatencyHistogram, merge, statistic_us
 from polltuned.policy.schema import Objective
 from polltuned.records import Window
 
@@ -54,10 +60,46 @@ def needs_cpu(obj: Objective) -> bool:
         obj.constraints.cpu_budget_cores is not None)
 
 
+def latency_of(w: Window, statistic: str) -> float | None:
+    """The window's ``statistic`` in µs: from its histogram where it has a usable one, else from
+    ``Window.latency``; None when neither gives a finite number."""
+    if w.histogram is not None:
+        try:
+            v = statistic_us(w.histogram, statistic)
+        except HistogramError:
+            v = None
+        if v is not None and math.isfinite(v):
+            return v
+    return w.stat(statistic)
+
+
+def arm_histogram(windows: Iterable[Window]) -> LatencyHistogram | None:
+    """The sum of the histograms of the usable windows (an arm: windows, rounds, hosts); None when
+    any usable window has none (their percentiles then cannot be merged exactly) or none is usable."""
+    ws = [w for w in windows if w.ok]
+    if not ws or any(w.histogram is None for w in ws):
+        return None
+    try:
+        return merge(w.histogram for w in ws if w.histogram is not None)
+    except HistogramError:
+        return None
+
+
+def arm_latency(windows: Iterable[Window], statistic: str) -> float | None:
+    """``statistic`` (p50/p90/p99/p999/mean/max) of all the requests of ``windows`` together, from
+    their merged histograms; None when they cannot be merged (see :func:`arm_histogram`)."""
+    h = arm_histogram(windows)
+    if h is None or h.count == 0:
+        return None
+    if statistic in PERCENTILES:
+        return h.percentile_us(PERCENTILES[statistic])
+    return h.stats_us().get(statistic)
+
+
 def score(w: Window, obj: Objective, *, baseline_drops_per_s: float | None = None) -> Score:
     if not w.ok:
         return Score(ok=False, reasons=(f"window failed: {w.error or 'unknown error'}",))
-    lat = w.stat(obj.statistic)
+    lat = latency_of(w, obj.statistic)
     if lat is None or lat <= 0:
         return Score(ok=False, reasons=(f"window has no usable {obj.statistic} latency",))
     cpu = w.cpu_cores

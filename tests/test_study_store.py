@@ -560,3 +560,46 @@ def test_a_daemon_with_an_unreachable_database_tunes_alone_and_status_says_so(tm
     assert "study:     postgresql postgresql://pt@127.0.0.1" in text and "tuning alone" in text and "pw" not in text
     logs = open_local(tmp_path / "state", p).sessions()      # the round was recorded locally
     assert len(logs) == 1 and logs[0].ended
+
+
+# ---------------------------------------------------------------- latency histograms (issue 15)
+def test_window_histograms_are_kept_and_a_deployment_p99_recomputed(store_factory: Any) -> None:
+    from polltuned.histogram import LatencyHistogram
+
+    rng = random.Random(5)
+    dep = {**BASE, "net.core.busy_poll": 50}
+    per_window = [[int(rng.lognormvariate(10.5 + 0.4 * (i % 2), 0.5)) for _ in range(800)] for i in range(4)]
+    st = store_factory(pol())
+    session(st, "s1")
+    for i, vals in enumerate(per_window):
+        st.append("window", session="s1", trial=-2, phase="confirm", config=dep if i % 2 else BASE, index=1000 + i,
+                  status="ok", value=10.0, y=None, ratio=False, score=None,
+                  histogram=LatencyHistogram.of_ns(vals).encode())
+    window(st, "s1", 5, dep, phase="confirm", y=None, ratio=False)   # a window without one (older probe)
+    again = store_factory(pol())
+    ws = again.sessions()[0].windows
+    assert [w.histogram is not None for w in ws] == [True, True, True, True, False]
+    assert LatencyHistogram.decode(ws[1].histogram).count == 800
+    h = again.histogram_of(dep)
+    assert h is not None and h.count == 1600
+    mine = sorted(per_window[1] + per_window[3])
+    exact = mine[math.ceil(0.99 * len(mine)) - 1] / 1e3
+    assert exact <= h.percentile_us(99) <= exact * (1 + 2 ** -10) + 1e-3
+    assert again.histogram_of(dep, phases=("trial",)) is None
+    assert again.histogram_of(dep, session="nope") is None
+
+
+def test_an_sqlite_study_without_the_histogram_table_stays_readable(tmp_path: Path) -> None:
+    st = Study.open(tmp_path, pol(), backend="sqlite")
+    session(st, "s1")
+    window(st, "s1", 0, BASE, phase="baseline", y=0.01)
+    st.close()
+    db = next(tmp_path.rglob(DB_NAME))
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE pt_histogram")   # as a study written before the table existed
+    con.commit()
+    con.close()
+    again = Study.open(tmp_path, pol(), backend="sqlite")
+    assert [(w.index, w.histogram) for w in again.sessions()[0].windows] == [(0, None)]
+    window(again, "s1", 1, BASE, y=-0.1)
+    assert len(again.sessions()[0].windows) == 2

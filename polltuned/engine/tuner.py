@@ -186,7 +186,7 @@ class Tuner:
                 idx = st.windows_used
                 w = self.env.measure(idx)
                 s = score(w, self.policy.objective)
-                self._log_window(st, -3, "resume", cfg, idx, s, None)
+                self._log_window(st, -3, "resume", cfg, idx, s, None, hist=w.histogram)
                 st.windows_used += 1
                 self.trace.windows.append(("confirm", dict(cfg)))
                 if s.ok and s.feasible:
@@ -230,7 +230,7 @@ class Tuner:
         st.since_ref = 0
         self.trace.windows.append(("baseline", dict(st.baseline)))
         if not s.ok:
-            self._log_window(st, -1, "baseline", st.baseline, idx, s, None)
+            self._log_window(st, -1, "baseline", st.baseline, idx, s, None, hist=w.histogram)
             yield Event(Phase.BASELINE, "baseline window failed: " + "; ".join(s.reasons), window=idx)
             return s
         if w.drops_per_s is not None:
@@ -239,7 +239,7 @@ class Tuner:
         st.obs.append(WindowObs(idx, dict(st.baseline), math.log(s.value), True))
         self._retell(st)
         y = next((v for i, v in st.refs.reference_ys() if i == idx), None)
-        self._log_window(st, -1, "baseline", st.baseline, idx, s, y)
+        self._log_window(st, -1, "baseline", st.baseline, idx, s, y, hist=w.histogram)
         yield Event(Phase.MEASURE, f"baseline J={s.value:.4g}", window=idx, value=s.value)
         shift = st.refs.shift()
         if shift is not None:
@@ -357,7 +357,7 @@ class Tuner:
             s = score(w, pol.objective, baseline_drops_per_s=st.base_drops)
             # decide, journal, then report: a crash after the event never loses the window
             if not s.ok:
-                self._log_window(st, no, "trial", cfg, idx, s, None)
+                self._log_window(st, no, "trial", cfg, idx, s, None, hist=w.histogram)
                 yield Event(Phase.MEASURE, _describe(s), trial=no, window=idx)
                 status, reason = "failed", "; ".join(s.reasons)
                 opt.tell_failed(cfg)
@@ -370,7 +370,8 @@ class Tuner:
             ob = WindowObs(idx, self.space.canonical(cfg), lj, False, aborted=aborted, infeasible=not s.feasible)
             st.obs.append(ob)
             y_told = self._told(st, ob)
-            self._log_window(st, no, "trial", cfg, idx, s, y_told, status="aborted" if aborted else "ok")
+            self._log_window(st, no, "trial", cfg, idx, s, y_told, status="aborted" if aborted else "ok",
+                             hist=w.histogram)
             yield Event(Phase.MEASURE, _describe(s), trial=no, window=idx, value=s.value)
             opt.tell(cfg, y_told)
             if values and not aborted:
@@ -490,7 +491,7 @@ class Tuner:
                 w = self.env.measure(idx)
                 self.trace.windows.append(("confirm", dict(cfg)))
                 s = score(w, pol.objective, baseline_drops_per_s=st.base_drops)
-                self._log_window(st, -2, "confirm", cfg, idx, s, None)
+                self._log_window(st, -2, "confirm", cfg, idx, s, None, hist=w.histogram)
                 yield Event(Phase.CONFIRM, f"pair {p + 1} {arm}: {_describe(s)}", window=idx,
                             value=s.value if s.ok else None)
                 if not s.ok:
@@ -537,11 +538,12 @@ class Tuner:
             pass  # the actuator left the host unchanged; the daemon's rollback path handles the rest
 
     def _log_window(self, st: SessionState, trial: int, phase: str, cfg: Mapping[str, KnobValue], index: int,
-                    s: Score, y: float | None, *, status: str | None = None) -> None:
+                    s: Score, y: float | None, *, status: str | None = None, hist: str | None = None) -> None:
         stat = status or ("ok" if s.ok else "failed")
+        extra = {"histogram": hist} if hist is not None else {}  # the window's latency histogram (study store)
         self.store.append("window", session=st.session, trial=trial, phase=phase, config=dict(cfg),
                           index=index, status=stat, value=s.value if s.ok else None, y=y, ratio=y is not None,
-                          score=s.to_json())
+                          score=s.to_json(), **extra)
 
     def _finish(self, st: SessionState, verdict: Verdict | None, reason: str, *,
                 deployed: dict[str, KnobValue] | None = None, best: dict[str, KnobValue] | None = None,

@@ -130,6 +130,13 @@ class CommandProbe(_ProbeBase):
     into a socket at creation, acts on them). A long-running server measured by a fresh client
     (nginx + wrk, memcached + a client) is ``false``: its accepted sockets are cloned from a
     listener created before the change.
+
+    Open loop: ``rate`` (requests/s) and ``arrivals`` fill the ``{rate}`` and ``{arrivals}``
+    placeholders (``"--rate", "{rate}", "--arrivals", "{arrivals}"`` for the shipped kvclient and
+    httpclient); a rate without ``{rate}`` in argv, or the reverse, is an error (a rate nobody sends
+    at). ``histogram_path``: the JSON path of the encoded latency histogram the command prints
+    (polltuned.histogram; the shipped clients: ``$.histogram.encoded``): the window keeps it and
+    its latency percentiles come from it.
     """
 
     kind: Literal["command"] = "command"
@@ -146,11 +153,22 @@ class CommandProbe(_ProbeBase):
     unit_scale_us: float = Field(
         1.0, gt=0, description="µs per unit of a latency printed without a unit (numbers with us/ms/s are converted)")
     timeout_s: float = Field(120.0, gt=0)
+    rate: float | None = Field(None, gt=0, le=1e6, description="open-loop requests/s, the argv's {rate}")
+    arrivals: Literal["poisson", "uniform"] = Field("poisson", description="open-loop arrivals, the argv's {arrivals}")
+    histogram_path: str | None = Field(None, min_length=1, description=(
+        "JSON path of the encoded HdrHistogram in the output (the shipped clients: $.histogram.encoded)"))
 
     @model_validator(mode="after")
     def _check(self) -> CommandProbe:
         if not (self.regex or self.json_path or self.statistic_map):
             raise ValueError("command probe needs 'regex', 'json_path' or 'statistic_map'")
+        uses_rate = any("{rate}" in a for a in self.argv)
+        if self.rate is not None and not uses_rate:
+            raise ValueError(f"rate = {self.rate:g} but argv has no {{rate}} placeholder: nothing would send at it")
+        if uses_rate and self.rate is None:
+            raise ValueError("argv uses {rate} but the probe sets no 'rate' (requests/s)")
+        if self.histogram_path is not None and self.regex:
+            raise ValueError("histogram_path needs JSON output (it cannot be combined with 'regex')")
         return self
 
 

@@ -12,7 +12,12 @@ and extracts statistics:
 Placeholders in ``argv``: ``{window_s}`` is the window length in seconds (``--duration {window_s}``),
 ``{window_s_int}`` the same rounded to whole seconds, at least 1 (for tools that take only whole
 seconds: wrk ``-d {window_s_int}s``), ``{python}`` the interpreter running polltuned (for the
-clients shipped with it, e.g. ``{python} -m polltuned.host.kvclient``).
+clients shipped with it, e.g. ``{python} -m polltuned.host.kvclient``), ``{rate}`` and
+``{arrivals}`` the probe's open-loop ``rate`` (requests/s) and ``arrivals`` (see :func:`open_loop`).
+
+``histogram_path`` names the encoded latency histogram in JSON output (polltuned.histogram, as the
+shipped kvclient and httpclient print it): the window carries it, and its p50/p90/p99/p999/mean/max
+come from it (windows then merge exactly; the objective reads its percentile from it).
 
 Statistics named p50/p90/p99/p999/mean/max are latencies, reported in µs. A value may carry its
 unit, as wrk prints them (``84.00us``, ``1.68ms``, ``2.01s``; also ``ns``, ``µs``, ``m``, ``h``):
@@ -36,6 +41,7 @@ from typing import Any
 
 from polltuned.clock import Clock
 from polltuned.errors import ProbeError
+from polltuned.histogram import HistogramError, LatencyHistogram
 from polltuned.host.exec import Runner
 from polltuned.policy.schema import CommandProbe as CommandConfig
 from polltuned.records import LATENCY_STATS, Window
@@ -154,8 +160,30 @@ def extract_statistics(cfg: CommandConfig, output: str) -> dict[str, float]:
     return {k: to_statistic(k, v, cfg.unit_scale_us, what) for k, (v, what) in raw.items()}
 
 
-def statistics_to_window(stats: Mapping[str, float], duration_s: float) -> Window:
-    """Pure: statistics from :func:`extract_statistics` as a Window."""
+def extract_histogram(cfg: CommandConfig, output: str) -> str | None:
+    """Pure: the encoded histogram ``cfg.histogram_path`` names in ``output`` (validated: it must
+    decode as a polltuned histogram), or None when the probe names none. Raises ProbeError."""
+    if cfg.histogram_path is None:
+        return None
+    try:
+        doc: Any = json.loads(output)
+    except json.JSONDecodeError as e:
+        raise ProbeError(f"command output is not JSON ({e.msg} at line {e.lineno})") from e
+    text = json_path_get(doc, cfg.histogram_path)
+    if not isinstance(text, str):
+        raise ProbeError(f"json path {cfg.histogram_path!r}: not an encoded histogram (a string)")
+    try:
+        h = LatencyHistogram.decode(text)
+    except HistogramError as e:
+        raise ProbeError(f"json path {cfg.histogram_path!r}: {e}") from e
+    if h.count == 0:
+        raise ProbeError(f"json path {cfg.histogram_path!r}: the histogram is empty")
+    return text
+
+
+def statistics_to_window(stats: Mapping[str, float], duration_s: float, histogram: str | None = None) -> Window:
+    """Pure: statistics from :func:`extract_statistics` as a Window; with ``histogram`` (encoded),
+    the window carries it and its latency percentiles, mean and max are the histogram's."""
     latency: dict[str, float] = {}
     extra: dict[str, float] = {}
     throughput: float | None = None
@@ -169,22 +197,42 @@ def statistics_to_window(stats: Mapping[str, float], duration_s: float) -> Windo
             throughput = v
         else:
             extra[k] = v
+    observations = 1
+    if histogram is not None:
+        h = LatencyHistogram.decode(histogram)
+        hs = h.stats_us()
+        latency.update({k: hs[k] for k in LATENCY_STATS})
+        observations = h.count
     if not latency:
         raise ProbeError("the command output named no latency statistic (p50/p90/p99/p999/mean/max)")
     return Window(ok=True, latency=latency, throughput_pps=throughput, duration_s=duration_s,
-                  observations=1, extra=extra)
+                  observations=observations, extra=extra, histogram=histogram)
 
 
 def _fmt_seconds(s: float) -> str:
     return str(round(s)) if abs(s - round(s)) < 1e-9 else f"{s:g}"
 
 
-def expand_argv(argv: Sequence[str], *, window_s: float, python: str) -> list[str]:
-    """Pure: ``argv`` with ``{window_s}``, ``{window_s_int}`` and ``{python}`` replaced (other
-    braces left alone)."""
+def expand_argv(argv: Sequence[str], *, window_s: float, python: str, rate: float | None = None,
+                arrivals: str = "poisson") -> list[str]:
+    """Pure: ``argv`` with ``{window_s}``, ``{window_s_int}``, ``{python}``, ``{rate}`` and
+    ``{arrivals}`` replaced (other braces left alone; ``{rate}`` only when a rate is given)."""
     whole = str(max(1, round(window_s)))
-    return [a.replace("{window_s_int}", whole).replace("{window_s}", _fmt_seconds(window_s)).replace("{python}", python)
-            for a in argv]
+    out = [a.replace("{window_s_int}", whole).replace("{window_s}", _fmt_seconds(window_s)).replace("{python}", python)
+           .replace("{arrivals}", arrivals) for a in argv]
+    if rate is not None:
+        out = [a.replace("{rate}", _fmt_seconds(rate)) for a in out]
+    return out
+
+
+def open_loop(cfg: CommandConfig, rate: float, arrivals: str = "poisson") -> CommandConfig:
+    """``cfg`` sending open-loop at ``rate`` requests/s: its ``rate``/``arrivals`` set, and
+    ``--rate {rate} --arrivals {arrivals}`` appended to argv when it has no ``{rate}`` yet (the
+    shipped kvclient/httpclient take these flags). Validated like a policy's probe."""
+    argv = list(cfg.argv)
+    if not any("{rate}" in a for a in argv):
+        argv += ["--rate", "{rate}", "--arrivals", "{arrivals}"]
+    return CommandConfig.model_validate({**cfg.model_dump(), "argv": argv, "rate": rate, "arrivals": arrivals})
 
 
 class CommandProbe:
@@ -206,7 +254,8 @@ class CommandProbe:
         pass
 
     def argv(self, duration_s: float) -> list[str]:
-        return expand_argv(self.cfg.argv, window_s=duration_s, python=self._python)
+        return expand_argv(self.cfg.argv, window_s=duration_s, python=self._python, rate=self.cfg.rate,
+                           arrivals=self.cfg.arrivals)
 
     def measure(self, duration_s: float, window_index: int) -> Window:
         t0 = self._clock.monotonic()
@@ -220,7 +269,7 @@ class CommandProbe:
             if res.returncode != 0:
                 raise ProbeError(f"{res.describe()}")
             stats = extract_statistics(self.cfg, res.stdout)
-            return statistics_to_window(stats, elapsed)
+            return statistics_to_window(stats, elapsed, extract_histogram(self.cfg, res.stdout))
         except ProbeError as e:
             log.warning("probe command window %d failed: %s", window_index, e.message)
             return Window.failed(e.message, duration_s=max(elapsed, self._clock.monotonic() - t0))

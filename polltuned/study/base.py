@@ -10,7 +10,9 @@ Records (every backend stores the same fields; the JSON-lines file writes them v
   session  {"session", "fingerprint", "policy", "seed", "started", "baseline": {knob: value},
             "host": host fingerprint (optional), "mode": "search"|"resume"|"observe"}
   window   {"session", "trial", "phase": "baseline"|"trial"|"confirm"|"resume", "config", "index",
-            "status": "ok"|"failed"|"aborted"|"infeasible", "value", "y", "ratio": true, "score"}
+            "status": "ok"|"failed"|"aborted"|"infeasible", "value", "y", "ratio": true, "score",
+            "histogram" (optional: the window's latency histogram, polltuned.histogram's compressed
+            HdrHistogram text; absent in older studies)}
   trial    {"session", "trial", "config", "status", "reason", "windows"}
   end      {"session", "result": TuningResult.to_json()}
 
@@ -26,11 +28,14 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polltuned.errors import PolltunedError
 from polltuned.policy.schema import Policy
 from polltuned.records import KnobValue
+
+if TYPE_CHECKING:
+    from polltuned.histogram import LatencyHistogram
 
 STUDY_VERSION = 1
 KINDS = ("session", "window", "trial", "end")
@@ -91,6 +96,7 @@ class WindowRecord:
     index: int | None = None         # window index in its session
     ratio: bool = False              # y is a log-ratio to the neighbouring reference windows
     score: dict[str, Any] | None = None  # polltuned.objective.Score.to_json() (history shows it)
+    histogram: str | None = None     # the window's latency histogram (polltuned.histogram), if it had one
 
 
 @dataclass
@@ -184,6 +190,31 @@ class Study:
                     assert w.y is not None
                     out.append((w.config, w.y))
         return out
+
+    def histogram_of(self, config: Mapping[str, KnobValue], *, phases: tuple[str, ...] = ("confirm", "resume"),
+                     session: str | None = None) -> LatencyHistogram | None:
+        """The merged latency histogram of every measured window of ``config`` (compared as text,
+        like the engine) in ``phases`` of ``session`` (None: all of this host's sessions): a
+        deployment's p99 recomputed from all its requests (``.percentile_us(99)``). None when no
+        such window kept a histogram."""
+        from polltuned.histogram import HistogramError, LatencyHistogram
+
+        want = {k: str(v) for k, v in config.items()}
+        total: LatencyHistogram | None = None
+        for s in self.sessions():
+            if session is not None and s.session != session:
+                continue
+            for w in s.windows:
+                if w.histogram is None or w.phase not in phases or w.status not in ("ok", "infeasible"):
+                    continue
+                if {k: str(w.config.get(k)) for k in want} != want:
+                    continue
+                try:
+                    h = LatencyHistogram.decode(w.histogram)
+                except HistogramError:
+                    continue
+                total = h if total is None else total.add(h)
+        return total
 
     def confirmed_deployment(self, host: str | None) -> tuple[dict[str, KnobValue], dict[str, KnobValue]] | None:
         """(baseline, deployed) of the last finished session on this host fingerprint whose

@@ -17,6 +17,10 @@ Tables (schema version 1 in ``pt_meta``; every JSON column is ``json.dumps(..., 
               (+ base_key), in_class, ended, result, the record (with the engine's own "started")
   pt_window   one row per measurement window: session, trial, phase, config, idx, status, value
               (raw J), y (the log-ratio as told), ratio, score
+  pt_histogram the latency histogram of a window that had one (session, idx, phase: the window's;
+              histogram: polltuned.histogram's compressed HdrHistogram text). A table of its own,
+              created by ``CREATE ... IF NOT EXISTS`` like the others: an older database gains it
+              on open, an older polltuned ignores it (the schema stays version 1)
   pt_event    other records (``trial``), verbatim
   pt_pending  one row per session measuring a trial right now: class_key, host_id, config, since
   pt_member   one row per (class_key, host_id): the host's last baseline level and noise, and
@@ -71,6 +75,9 @@ CREATE TABLE IF NOT EXISTS pt_window (
   seq {serial}, session TEXT NOT NULL, trial INTEGER, phase TEXT, config TEXT NOT NULL, idx INTEGER,
   status TEXT, value {real}, y {real}, ratio INTEGER NOT NULL DEFAULT 0, score TEXT);
 CREATE INDEX IF NOT EXISTS pt_window_session ON pt_window (session, seq);
+CREATE TABLE IF NOT EXISTS pt_histogram (session TEXT NOT NULL, idx INTEGER NOT NULL, phase TEXT NOT NULL,
+  histogram TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS pt_histogram_window ON pt_histogram (session, idx);
 CREATE TABLE IF NOT EXISTS pt_event (seq {serial}, session TEXT NOT NULL, kind TEXT NOT NULL, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pt_pending (
   session TEXT PRIMARY KEY, class_key TEXT NOT NULL, host_id TEXT, config TEXT NOT NULL, since {real} NOT NULL);
@@ -207,6 +214,10 @@ class SqlStudy(Study):
                  None if ix is None else int(ix), str(rec.get("status")), finite(rec.get("value")),
                  finite(rec.get("y")), 1 if rec.get("ratio") else 0,
                  None if rec.get("score") is None else dumps(rec.get("score"))))
+            hist = rec.get("histogram")
+            if isinstance(hist, str) and hist and ix is not None:
+                self._exec("INSERT INTO pt_histogram (session, idx, phase, histogram) VALUES (?, ?, ?, ?)",
+                           (sid, int(ix), str(rec.get("phase")), hist))
         elif kind == "end":
             res = rec.get("result")
             self._exec("UPDATE pt_session SET ended = 1, result = ? WHERE session = ?",
@@ -226,14 +237,16 @@ class SqlStudy(Study):
             srows = self._exec(f"SELECT s.session, s.baseline, s.seed, s.host_fp, s.ended, s.result FROM pt_session s "
                                f"WHERE {where} ORDER BY s.seq", params)
             wrows = self._exec(
-                f"SELECT w.session, w.trial, w.phase, w.config, w.idx, w.status, w.value, w.y, w.ratio, w.score "
-                f"FROM pt_window w JOIN pt_session s ON s.session = w.session WHERE {where} ORDER BY w.seq", params)
+                f"SELECT w.session, w.trial, w.phase, w.config, w.idx, w.status, w.value, w.y, w.ratio, w.score, "
+                f"h.histogram FROM pt_window w JOIN pt_session s ON s.session = w.session "
+                f"LEFT JOIN pt_histogram h ON h.session = w.session AND h.idx = w.idx AND h.phase = w.phase "
+                f"WHERE {where} ORDER BY w.seq", params)
         out: dict[str, SessionLog] = {}
         for sid, base, seed, host_fp, ended, result in srows:
             res = json.loads(result) if result else None
             out[sid] = SessionLog(sid, json.loads(base), int(seed or 0), ended=bool(ended),
                                   host=host_fp, result=res if isinstance(res, dict) else None)
-        for sid, trial, phase, cfg, idx, status, value, y, ratio, score in wrows:
+        for sid, trial, phase, cfg, idx, status, value, y, ratio, score, hist in wrows:
             s = out.get(sid)
             if s is None:
                 continue
@@ -241,7 +254,8 @@ class SqlStudy(Study):
             s.windows.append(WindowRecord(int(trial), str(phase), json.loads(cfg), str(status),
                                           None if y is None else float(y), None if value is None else float(value),
                                           None if idx is None else int(idx), bool(ratio),
-                                          sc if isinstance(sc, dict) else None))
+                                          sc if isinstance(sc, dict) else None,
+                                          hist if isinstance(hist, str) and hist else None))
         return list(out.values())
 
     # ---------------------------------------------------------------- fleet hooks
