@@ -118,3 +118,78 @@ def test_every_shipped_policy_key_parses() -> None:
         pol = load_policy(p.stem, nic="eth0")
         for key in pol.knobs:
             parse_key(key)
+
+
+def test_the_policy_carries_its_parsed_keys_and_one_answer_for_its_nic() -> None:
+    pol = load_policy("latency-critical", nic="eth0")
+    keys = pol.knob_keys
+    assert set(keys) == set(pol.knobs) and all(k.text == t for t, k in keys.items())
+    assert pol.knob_keys is keys                                   # parsed once per policy object
+    from polltuned.policy.loader import policy_from_dict
+
+    raw = policy_from_dict({"name": "t", "probe": {"kind": "sim", "scenario": "cliff"},
+                            "knobs": {"{nic}:gro_flush_timeout": {"min": 0, "max": 10},
+                                      "net.core.busy_poll": {"min": 0, "max": 10}}})
+    assert [k.host_device for k in raw.knob_keys.values()] == [None, None]
+    moved = raw.resolve_nic("ens1")                                # a copy with other keys parses its own
+    assert {t: k.host_device for t, k in moved.knob_keys.items()} == {"ens1:gro_flush_timeout": "ens1",
+                                                                      "net.core.busy_poll": None}
+    assert set(pol.model_copy(update={"knobs": {"vhost:affinity": next(iter(pol.knobs.values()))}})
+               .knob_keys) == {"vhost:affinity"}
+    assert [pol.model_copy(update={"nic": n}).nic_device for n in ("eth0", "ptb/vb", "{nic}", None, "a/b/c")] \
+        == ["eth0", None, None, None, None]
+    assert [parse_key(k, placeholder_ok=True).host_device
+            for k in ("eth0:threaded", "ptb/vb:threaded", "{nic}:threaded", "net.core.busy_poll")] \
+        == ["eth0", None, None, None]
+
+
+def test_every_kind_declares_grammar_scope_effect_factory_and_catalogue(tmp_path: Path) -> None:
+    from polltuned.host.fs import FsHost
+    from polltuned.knobs.keys import KINDS
+    from polltuned.knobs.registry import KnobRegistry
+
+    reg = KnobRegistry(FsHost(str(tmp_path)), app_cpus=(0,))
+    for name, kind in KINDS.items():
+        assert kind.name == name and kind.catalogue(), name
+        full = kind.catalogue() if kind.head != "DEV" else [f"eth0:{s}" for s in kind.catalogue()]
+        for text in full:
+            k = parse_key(text)
+            assert k.kind == name and k.spec is kind and k.scope == kind.scope
+            assert reg.get(text).kind == name                       # the kind's factory built its Knob
+            assert reg.key(text) is reg.key(text)                   # the registry parses a text once
+    assert parse_key("eth0:irq_affinity").scope == "host-device"
+    assert [parse_key(k).file for k in ("net.core.busy_poll", "ns/v:threaded", "module:kvm:halt_poll_ns",
+                                        "eth0:napi:defer-hard-irqs")] == [
+        "/proc/sys/net/core/busy_poll", "/sys/class/net/ns/v/threaded", "/sys/module/kvm/parameters/halt_poll_ns",
+        None]
+
+
+#: the parser's names: outside knobs/ nobody calls them (DESIGN.md rule 13); the policy's load is the
+#: one caller of parse_keys (Policy.knob_keys), everyone else receives KnobKeys
+_PARSERS = {"parse_key", "parse_keys", "_parse_device", "parse_module_key"}
+_ALLOWED = {("polltuned/policy/schema.py", "parse_keys")}
+
+
+def test_the_key_parser_is_called_only_inside_knobs() -> None:
+    import ast
+
+    found: list[str] = []
+    for path in sorted((REPO / "polltuned").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("polltuned/knobs/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.alias):
+                name = node.name.rsplit(".", 1)[-1]
+            elif isinstance(node, ast.Name):
+                name = node.id
+            elif isinstance(node, ast.Attribute):
+                name = node.attr
+                if name == "parse" and isinstance(node.value, ast.Name) and node.value.id == "DeviceRef":
+                    found.append(f"{rel}:{node.lineno}: DeviceRef.parse")
+            else:
+                continue
+            if name in _PARSERS and (rel, name) not in _ALLOWED:
+                found.append(f"{rel}:{getattr(node, 'lineno', '?')}: {name}")
+    assert found == []
+    assert len(_ALLOWED) == 1 and "parse_keys" in (REPO / "polltuned/policy/schema.py").read_text()

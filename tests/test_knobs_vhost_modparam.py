@@ -10,7 +10,8 @@ from polltuned.actuator import Actuator
 from polltuned.clock import FakeClock
 from polltuned.host.fs import FsHost
 from polltuned.journal import Journal
-from polltuned.knobs.modparam import parse_module_key, parse_param_text
+from polltuned.knobs.keys import KnobKeyError, parse_key
+from polltuned.knobs.modparam import parse_param_text
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.knobs.vhost import parse_comm, recommend_vhost_poll_us, vhost_threads
 from tests.test_knobs_faketree import make_tree
@@ -19,8 +20,12 @@ from tests.test_knobs_faketree import make_tree
 def test_param_text_and_keys() -> None:
     assert parse_param_text("200000\n") == 200000
     assert parse_param_text("Y\n") == "Y"
-    assert parse_module_key("module:kvm:halt_poll_ns") == ("kvm", "halt_poll_ns")
-    assert parse_module_key("module:kvm") is None and parse_module_key("module::x") is None
+    k = parse_key("module:kvm:halt_poll_ns")       # the module grammar lives in its kind's descriptor
+    assert (k.kind, k.module, k.attr, k.file) == ("module-param", "kvm", "halt_poll_ns",
+                                                  "/sys/module/kvm/parameters/halt_poll_ns")
+    for bad in ("module:kvm", "module::x"):
+        with pytest.raises(KnobKeyError):
+            parse_key(bad)
     assert parse_comm("vhost-4242\n") == "vhost-4242"
 
 

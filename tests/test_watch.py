@@ -23,7 +23,7 @@ from polltuned.daemon.controller import HOLD, STOPPED, Controller
 from polltuned.daemon.metrics import metrics_from_status
 from polltuned.daemon.render import render_status
 from polltuned.daemon.statusdoc import build_status
-from polltuned.daemon.watch import Watcher, link_device, summarize
+from polltuned.daemon.watch import Watcher, summarize
 from polltuned.daemon.wiring import build_daemon
 from polltuned.errors import PolicyError
 from polltuned.host.fs import FsHost
@@ -35,6 +35,7 @@ from polltuned.host.netlink import (
     parse_link_messages,
 )
 from polltuned.journal import JOURNAL_NAME, Journal, replay
+from polltuned.knobs.keys import parse_key
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.policy.loader import load_policy, policy_from_dict
 from polltuned.policy.schema import Policy
@@ -250,7 +251,8 @@ def test_link_events_of_other_devices_do_not_trigger_lost_ones_do(tmp_path: Path
     v = w.step(window=None, every=0, deployed={})
     assert v is not None and v.trigger == "link event: link events lost (socket overflow)"
     assert w.verifications == 3
-    assert [link_device(k) for k in (NAPI, "ptb/vb:napi_defer_hard_irqs", BUSY, IRQ)] == ["eth0", None, None, "eth0"]
+    keys = (NAPI, "ptb/vb:napi_defer_hard_irqs", BUSY, IRQ)
+    assert [parse_key(k).host_device for k in keys] == ["eth0", None, None, "eth0"]
 
 
 # ---- admin wins, knob by knob and IRQ by IRQ -------------------------------------------------------

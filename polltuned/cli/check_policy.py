@@ -81,12 +81,11 @@ def probe_window(policy: Policy, host: Host, seconds: float) -> WindowResult:
     from polltuned.counters.sampler import Sampler
     from polltuned.metrics.window import rates
     from polltuned.probes.factory import make_probe
-    from polltuned.probes.linkrate import link_nic
 
     sim = policy.probe.kind == "sim"
     clock = FakeClock() if sim else SystemClock()  # a simulated window needs no wall time
     cfg = bounded_probe(policy.probe, seconds)
-    nic = link_nic(policy)
+    nic = policy.nic_device
     families = () if sim else (("stat", "links") if nic else ("stat",))
     sampler: Any = None
     probe: Any = None

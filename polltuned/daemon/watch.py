@@ -38,7 +38,6 @@ from polltuned.actuator import Actuator, VerifyRow
 from polltuned.clock import Clock
 from polltuned.errors import PolltunedError
 from polltuned.host.netlink import LinkEvent, LinkEventSource
-from polltuned.knobs.keys import parse_key
 from polltuned.records import KnobValue
 
 log = logging.getLogger("polltuned.watch")
@@ -94,19 +93,6 @@ class Verification:
         return d
 
 
-def link_device(key: str) -> str | None:
-    """The host-netns device a knob key lives on (``eth0`` for ``eth0:napi:defer-hard-irqs``), or
-    None (sysctls, module parameters, devices inside a named netns: their events are not seen from
-    the host's rtnetlink socket; they are verified every ``verify_every`` windows)."""
-    try:
-        ref = parse_key(key).device
-    except PolltunedError:
-        return None
-    if ref is None or ref.netns is not None:
-        return None
-    return ref.name
-
-
 @dataclass
 class Watcher:
     """Verifies the managed knobs in HOLD and acts per knob (see the module doc)."""
@@ -152,6 +138,15 @@ class Watcher:
             self.close()
             return []
 
+    def _link_device(self, key: str) -> str | None:
+        """The host-netns device a managed knob lives on, or None (sysctls, module parameters,
+        devices inside a named netns: their events are not seen from the host's rtnetlink socket;
+        they are verified every ``verify_every`` windows)."""
+        try:
+            return self.actuator.registry.key(key).host_device
+        except PolltunedError:
+            return None
+
     def _event_trigger(self) -> str:
         events = self._poll()
         if not events:
@@ -160,7 +155,7 @@ class Watcher:
         if lost:
             return "link event: " + lost[0].describe()
         try:
-            devices = {d for d in map(link_device, self.actuator.state().knobs) if d is not None}
+            devices = {d for d in map(self._link_device, self.actuator.state().knobs) if d is not None}
         except PolltunedError:
             devices = set()
         mine = [e for e in events if e.ifname in devices]

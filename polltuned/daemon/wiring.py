@@ -30,13 +30,6 @@ from polltuned.study.config import StudyConfig
 log = logging.getLogger("polltuned.daemon")
 
 
-def nic_device(policy: Policy) -> str | None:
-    """The host-netns device name of the policy's nic (None for a device inside a named netns)."""
-    if not policy.nic or "/" in policy.nic:
-        return None
-    return policy.nic
-
-
 class CountersView:
     """Per-CPU summary for status, and the workload signals HOLD watches for drift."""
 
@@ -196,7 +189,7 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
     sd = Path(state_dir)
     actuator = build_actuator(host, sd, policy, clock)
     policy, dropped = prepare_policy(policy, actuator)
-    counters = CountersView(host, clock, nic_device(policy))
+    counters = CountersView(host, clock, policy.nic_device)
     windows = WindowCounts()
     env: TrialEnv = CountingEnv(build_env(policy, host, actuator, clock, counters), windows)
     built: dict[str, TrialEnv] = {policy.model_dump_json(): env}

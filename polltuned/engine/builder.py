@@ -23,7 +23,7 @@ from typing import Any
 from polltuned.clock import Clock
 from polltuned.engine.env import CpuSampler, CpuScopeLike, HostEnv
 from polltuned.engine.tuner import Tuner
-from polltuned.errors import PolltunedError
+from polltuned.knobs.keys import Effect
 from polltuned.optimiser import Optimiser
 from polltuned.policy.schema import Policy
 from polltuned.probes.base import Probe
@@ -34,17 +34,12 @@ log = logging.getLogger("polltuned.engine")
 
 def inert_knobs(policy: Policy) -> dict[str, str]:
     """Knobs this policy's probe cannot see, with the reason (one line each)."""
-    from polltuned.knobs.keys import Effect, parse_key
     from polltuned.probes.factory import probe_opens_fresh_sockets
 
     if probe_opens_fresh_sockets(policy.probe):
         return {}
     out: dict[str, str] = {}
-    for key in policy.knobs:
-        try:
-            k = parse_key(key)
-        except PolltunedError:
-            continue
+    for key, k in policy.knob_keys.items():
         if k.effect is Effect.NEW_SOCKETS:
             out[key] = (f"acts {k.effect.value}, and the {policy.probe.kind} probe measures sockets that "
                         "already exist (a probe that opens new sockets every window can tune it: sockperf, or "

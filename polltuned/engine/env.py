@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from polltuned.clock import Clock
 from polltuned.errors import PolltunedError
+from polltuned.knobs.keys import Effect
 from polltuned.policy.schema import Policy
 from polltuned.probes.base import Probe
 from polltuned.records import Config, KnobValue, Window
@@ -70,15 +71,6 @@ class CpuSampler(Protocol):
     def sample(self) -> Any: ...
 
 
-def _acts_after_affinity(key: str) -> bool:
-    from polltuned.knobs.keys import Effect, parse_key
-
-    try:
-        return parse_key(key).effect is Effect.AFTER_AFFINITY
-    except PolltunedError:
-        return False
-
-
 def _rates(a: Any, b: Any) -> RatesLike:
     from polltuned.metrics.window import rates  # lazy: the observation layer
 
@@ -119,7 +111,9 @@ class HostEnv:
 
     def apply(self, config: Config) -> None:
         self.actuator.apply(config, reason="trial")
-        self._affinity_pending = {k: v for k, v in config.items() if _acts_after_affinity(k)}
+        keys = self.policy.knob_keys
+        self._affinity_pending = {k: v for k, v in config.items()
+                                  if k in keys and keys[k].effect is Effect.AFTER_AFFINITY}
 
     def _settle_affinity(self) -> None:
         """IRQ affinity acts once ``effective_affinity`` has caught up (at the IRQ's next

@@ -40,14 +40,6 @@ MODULE_PARAMS: dict[str, Domain] = {
 }
 
 
-def parse_module_key(key: str) -> tuple[str, str] | None:
-    """(module, parameter) of a ``module:NAME:PARAM`` key, None for anything else."""
-    parts = key.split(":")
-    if len(parts) != 3 or parts[0] != "module" or not parts[1] or not parts[2] or "/" in key:
-        return None
-    return parts[1], parts[2]
-
-
 def parse_param_text(text: str) -> KnobValue:
     """Module parameter file: ``param_get_*`` prints ``%u\\n``/``%d\\n`` for numbers, ``Y``/``N``
     for bool, raw text for charp. Integers are returned as int, anything else as the stripped text."""
@@ -60,13 +52,11 @@ def parse_param_text(text: str) -> KnobValue:
 class ModuleParamKnob(Knob):
     kind = "module-param"
 
-    def __init__(self, host: Host, key: str) -> None:
-        parsed = parse_module_key(key)
-        if parsed is None:
-            raise ValueError(f"not a module parameter key: {key!r}")
+    def __init__(self, host: Host, key: str, module: str, param: str) -> None:
+        """``key`` is ``module:MODULE:PARAM``, parsed by its descriptor (polltuned.knobs.keys)."""
         self.host = host
         self.key = key
-        self.module, self.param = parsed
+        self.module, self.param = module, param
         self.path = f"/sys/module/{self.module}/parameters/{self.param}"
         known = MODULE_PARAMS.get(key)
         if known is not None:

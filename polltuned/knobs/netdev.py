@@ -45,6 +45,15 @@ class DeviceRef:
     def label(self) -> str:
         return f"{self.netns}/{self.name}" if self.netns else self.name
 
+    @property
+    def host_name(self) -> str | None:
+        """The device's name when it is in the host netns (where the host's rtnetlink socket, its
+        /sys/class/net and its IRQs see it); None for a device inside a named netns or the
+        unresolved ``{nic}`` placeholder. The one answer to "which device, and is it in a netns?"."""
+        if self.netns is not None or self.name == "{nic}":
+            return None
+        return self.name
+
     @staticmethod
     def parse(text: str) -> DeviceRef | None:
         if text.count("/") > 1 or not text:

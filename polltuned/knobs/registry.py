@@ -1,19 +1,8 @@
-"""The explicit knob registry: key -> Knob for this host.
+"""Knobs for this host: key -> Knob, built by the factory its kind declares.
 
-Keys are parsed by :func:`polltuned.knobs.keys.parse_key` (unknown or malformed keys raise
-KnobKeyError, exit 2, with the rule and the closest known key). Key grammar (kernel vocabulary verbatim):
-
-==============================  ==========================================================
-``net.core.busy_poll`` ...      sysctls listed in :data:`polltuned.knobs.sysctl.SYSCTLS`
-``DEV:napi_defer_hard_irqs``    per-device sysfs (:data:`polltuned.knobs.netdev.SYSFS_ATTRS`)
-``DEV:napi:gro-flush-timeout``  per-NAPI netlink (:data:`polltuned.knobs.netdev.NAPI_ATTRS`)
-``DEV:irq_affinity``            IRQ affinity strategy (:mod:`polltuned.knobs.irq`)
-``DEV:coalesce:rx-usecs``       ethtool coalescing (:data:`polltuned.knobs.coalesce.COALESCE_PARAMS`)
-``module:NAME:PARAM``           writable module parameter (:mod:`polltuned.knobs.modparam`)
-``vhost:affinity``              CPU affinity of vhost-* worker threads (:mod:`polltuned.knobs.vhost`)
-==============================  ==========================================================
-
-DEV is ``eth0`` or ``NETNS/DEV``.
+The key grammar, the kinds and their factories are :data:`polltuned.knobs.keys.KINDS`; a key text
+handed to :meth:`KnobRegistry.get` or :meth:`KnobRegistry.key` is parsed once per registry (unknown or
+malformed keys raise KnobKeyError, exit 2, with the rule and the closest known key).
 """
 
 from __future__ import annotations
@@ -23,13 +12,11 @@ from collections.abc import Callable, Sequence
 from polltuned.host.fs import Host
 from polltuned.host.netdev_genl import FileNetdev, GenlNetdev, NapiSetCaps, NetdevApi
 from polltuned.knobs.base import Knob
-from polltuned.knobs.coalesce import COALESCE_PARAMS, CoalesceKnob
-from polltuned.knobs.irq import IrqAffinityKnob
-from polltuned.knobs.keys import parse_key
-from polltuned.knobs.modparam import MODULE_PARAMS, ModuleParamKnob
-from polltuned.knobs.netdev import NAPI_ATTRS, SYSFS_ATTRS, Device, DeviceRef, NapiKnob, SysfsDevKnob
-from polltuned.knobs.sysctl import SYSCTLS, SysctlKnob
-from polltuned.knobs.vhost import VHOST_AFFINITY_KEY, VhostAffinityKnob
+from polltuned.knobs.keys import KnobKey, device_catalogue, parse_key
+from polltuned.knobs.modparam import MODULE_PARAMS
+from polltuned.knobs.netdev import Device, DeviceRef
+from polltuned.knobs.sysctl import SYSCTLS
+from polltuned.knobs.vhost import VHOST_AFFINITY_KEY
 
 NetdevFactory = Callable[[Host, DeviceRef, int], NetdevApi]
 
@@ -50,6 +37,7 @@ class KnobRegistry:
         self.netdev_factory = netdev_factory or default_netdev_factory
         self._caps: NapiSetCaps | None = None
         self._cache: dict[str, Knob] = {}
+        self._keys: dict[str, KnobKey] = {}
 
     def napi_caps(self) -> NapiSetCaps:
         if self._caps is None:
@@ -62,31 +50,22 @@ class KnobRegistry:
     def device(self, ref: DeviceRef) -> Device:
         return Device(self.host, ref, self.netdev_factory, self.napi_caps)
 
-    def get(self, key: str) -> Knob:
-        k = self._cache.get(key)
+    def key(self, key: str | KnobKey) -> KnobKey:
+        """The parsed key (KnobKeyError for unknown or malformed keys); each text is parsed once."""
+        if isinstance(key, KnobKey):
+            return key
+        k = self._keys.get(key)
         if k is None:
-            k = self._build(key)
-            self._cache[key] = k
+            k = self._keys[key] = parse_key(key)
         return k
 
-    def _build(self, key: str) -> Knob:
-        k = parse_key(key)  # KnobKeyError (exit 2) for unknown or malformed keys
-        if k.kind == "sysctl":
-            return SysctlKnob(self.host, SYSCTLS[k.attr])
-        if k.kind == "module-param":
-            return ModuleParamKnob(self.host, key)
-        if k.kind == "vhost-affinity":
-            return VhostAffinityKnob(self.host, self.app_cpus)
-        ref = k.device
-        assert ref is not None
-        if k.kind == "irq-affinity":
-            return IrqAffinityKnob(self.host, ref.name, self.app_cpus)
-        if k.kind == "ethtool-coalesce":
-            return CoalesceKnob(self.host, ref, k.attr)
-        dev = self.device(ref)
-        if k.kind == "netdev-sysfs":
-            return SysfsDevKnob(dev, k.attr)
-        return NapiKnob(dev, k.attr)
+    def get(self, key: str | KnobKey) -> Knob:
+        text = str(key)
+        knob = self._cache.get(text)
+        if knob is None:
+            k = self.key(key)
+            knob = self._cache[text] = k.spec.build(self, k)
+        return knob
 
     # -- enumeration for `polltuned check` -----------------------------------------------------
     def host_devices(self) -> list[str]:
@@ -96,11 +75,7 @@ class KnobRegistry:
     def catalogue_keys(self, devices: Sequence[str] | None = None) -> list[str]:
         keys = list(SYSCTLS)
         for dev in (self.host_devices() if devices is None else devices):
-            keys += [f"{dev}:{a}" for a in SYSFS_ATTRS]
-            keys += [f"{dev}:napi:{a}" for a in NAPI_ATTRS]
-            if "/" not in dev:
-                keys.append(f"{dev}:irq_affinity")
-            keys += [f"{dev}:coalesce:{p}" for p in COALESCE_PARAMS]
+            keys += device_catalogue(dev)
         keys += list(MODULE_PARAMS)
         keys += [f"module:vhost_net:{p}" for p in self.host.glob("/sys/module/vhost_net/parameters", "*")]
         keys.append(VHOST_AFFINITY_KEY)

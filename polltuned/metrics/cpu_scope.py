@@ -315,12 +315,6 @@ class NoCpuScope(CpuScope):
         raise MetricUnavailable(f"cpu: {self.why}")
 
 
-def _nic_device(policy: Policy) -> str | None:
-    if not policy.nic or "/" in policy.nic:
-        return None
-    return policy.nic
-
-
 def make_cpu_scope(policy: Policy, host: Host, sampler: CpuSampler | None, nicmap: Mapping[str, NicInfo] | None,
                    *, clock: Clock, cgroup_field: Literal["system", "usage"] = "system") -> CpuScope:
     """The CPU scope for ``policy``: its unit's cgroup, else the NIC-queue + app CPUs, else the whole
@@ -341,7 +335,7 @@ def make_cpu_scope(policy: Policy, host: Host, sampler: CpuSampler | None, nicma
         scope = NoCpuScope("no counters sampler to read CPU time from", fallbacks)
         log.warning("objective CPU scope: %s", scope.describe())
         return scope
-    dev = _nic_device(policy)
+    dev = policy.nic_device
     nic = (nicmap or {}).get(dev) if dev is not None else None
     if policy.app_cpus or (nic is not None and nic.irqs):
         scope = CpusCpuScope(sampler, host=host, nic=nic, app_cpus=policy.app_cpus, fallbacks=fallbacks)

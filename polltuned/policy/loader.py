@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from polltuned.errors import PolicyError
+from polltuned.knobs.keys import key_problems
 from polltuned.policy.schema import Policy
 
 _MAX_INCLUDE_DEPTH = 8
@@ -104,16 +105,9 @@ _UNION_TAGS = {"sockperf", "tcp_rtt", "prometheus", "command", "sim"}
 def knob_key_problems(source: str, keys: list[str]) -> list[str]:
     """One line per knob key that is not in the catalogue (polltuned.knobs.keys): file, field,
     value, the rule it breaks and the closest known key."""
-    from polltuned.knobs.keys import KnobKeyError, parse_key
-
-    out = []
-    for key in keys:
-        try:
-            parse_key(key, placeholder_ok=True)
-        except KnobKeyError as e:
-            out.append(f"{source}: knobs.{key}: {e.rule} (got {key!r})"
-                       + (f"; did you mean {e.suggestion}?" if e.suggestion else ""))
-    return out
+    return [f"{source}: knobs.{key}: {e.rule} (got {key!r})"
+            + (f"; did you mean {e.suggestion}?" if e.suggestion else "")
+            for key, e in key_problems(keys, placeholder_ok=True)]
 
 
 def policy_from_dict(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
@@ -136,12 +130,7 @@ def load_policy(name_or_path: str, nic: str | None = None) -> Policy:
         resolved = pol.resolve_nic(nic)
     except ValueError as e:
         raise PolicyError([f"{path}: nic: {e}"]) from None
-    from polltuned.knobs.keys import KnobKeyError, parse_key
-
-    for key in resolved.knobs:
-        if key not in pol.knobs:
-            try:
-                parse_key(key)
-            except KnobKeyError as e:
-                raise PolicyError([f"{path}: nic: {e.rule} (got {resolved.nic!r})"]) from None
+    bad = key_problems([k for k in resolved.knobs if k not in pol.knobs], placeholder_ok=False)
+    if bad:
+        raise PolicyError([f"{path}: nic: {bad[0][1].rule} (got {resolved.nic!r})"])
     return resolved

@@ -12,9 +12,13 @@ Knob keys use kernel vocabulary verbatim: ``net.core.busy_poll``, ``kernel.timer
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from polltuned.knobs.keys import KnobKey, host_device, parse_keys
 
 
 class _Strict(BaseModel):
@@ -280,6 +284,26 @@ class Policy(_Strict):
                 if dep not in self.knobs:
                     raise ValueError(f"knobs.{key}.requires_nonzero: {dep!r} is not a knob of this policy")
         return self
+
+    @cached_property
+    def knob_keys(self) -> dict[str, KnobKey]:
+        """Every knob key of the policy, parsed (the ``{nic}`` placeholder allowed until
+        ``resolve_nic``). The loader has refused keys that do not parse, so this raises KnobKeyError
+        only for a policy built around it. Computed once per policy object (``model_copy`` drops it)."""
+        return parse_keys(self.knobs, placeholder_ok=True)
+
+    @property
+    def nic_device(self) -> str | None:
+        """The host-netns device name of the policy's nic; None for no nic, the ``{nic}``
+        placeholder or a device inside a named netns (``NETNS/DEV``)."""
+        return host_device(self.nic)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Policy:
+        """A copy (pydantic's), without the parsed keys of this one: a copy that changes ``knobs``
+        parses its own."""
+        new = super().model_copy(update=update, deep=deep)
+        new.__dict__.pop("knob_keys", None)
+        return new
 
     def resolve_nic(self, nic: str | None = None) -> Policy:
         """Return a copy with ``{nic}`` substituted in knob keys (``nic`` overrides the policy's)."""

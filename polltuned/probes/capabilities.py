@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from polltuned.policy.schema import CommandProbe, Policy
-from polltuned.probes.linkrate import link_nic, needs_drops, needs_throughput
+from polltuned.probes.linkrate import needs_drops, needs_throughput
 from polltuned.records import LATENCY_STATS
 
 _ALL = frozenset(LATENCY_STATS)
@@ -67,7 +67,7 @@ def needs(policy: Policy, *, proc_stat: bool = True) -> list[Need]:
     obj = policy.objective
     probe = policy.probe
     kind = probe.kind
-    nic = link_nic(policy)
+    nic = policy.nic_device
     out: list[Need] = []
 
     stat = obj.statistic

@@ -41,13 +41,6 @@ def needs_drops(obj: Objective) -> bool:
     return obj.constraints.max_drops_increase_per_s is not None
 
 
-def link_nic(policy: Policy) -> str | None:
-    """The host-netns device whose link statistics can stand in (None: no nic, or one in a netns)."""
-    if not policy.nic or "/" in policy.nic or policy.nic == "{nic}":
-        return None
-    return policy.nic
-
-
 class LinkRateProbe:
     """Wraps a probe: fills ``throughput_pps`` / ``drops_per_s`` of its windows from NIC link rates."""
 
@@ -113,7 +106,7 @@ def with_link_rates(probe: Probe, host: Host, clock: Clock, policy: Policy) -> P
     and it has a host-netns nic; else ``probe`` itself. Sim probes report their own."""
     obj = policy.objective
     tp, dr = needs_throughput(obj), needs_drops(obj)
-    nic = link_nic(policy)
+    nic = policy.nic_device
     if policy.probe.kind == "sim" or not (tp or dr) or nic is None:
         return probe
     from polltuned.counters.sampler import Sampler

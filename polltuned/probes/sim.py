@@ -16,6 +16,7 @@ import numpy as np
 from polltuned.clock import Clock
 from polltuned.errors import PolltunedError
 from polltuned.host.fs import Host
+from polltuned.knobs.keys import knob_file
 from polltuned.policy.schema import Policy
 from polltuned.policy.schema import SimProbe as SimProbeConfig
 from polltuned.records import KnobValue, Window
@@ -83,29 +84,12 @@ def make_sim_probe(cfg: SimProbeConfig, host: Host, *, clock: Clock, policy: Pol
     return SimProbe(host, policy, cfg.scenario, seed, clock=clock)
 
 
-def knob_path(key: str) -> str | None:
-    """Where a knob lives in a (fake) kernel tree; None for knobs without a plain file."""
-    from polltuned.knobs.keys import parse_key
-
-    try:
-        k = parse_key(key)
-    except PolltunedError:
-        return None
-    if k.kind == "module-param":
-        return f"/sys/module/{k.module}/parameters/{k.attr}"
-    if k.kind == "netdev-sysfs" and k.device is not None:
-        return f"/sys/class/net/{k.device.label}/{k.attr}"
-    if k.kind == "sysctl":
-        return "/proc/sys/" + key.replace(".", "/")
-    return None  # per-NAPI netlink / ethtool / IRQ strategies: no file to fake
-
-
 def make_fake_host_tree(root: Path, knob_keys: Iterable[str]) -> None:
     """Create the knob files of ``knob_keys`` under ``root`` with kernel default values
     (sysctls under proc/sys, device attributes under sys/class/net/DEV, module parameters under
     sys/module/NAME/parameters). Existing files are left as they are (a restart keeps state)."""
     for key in knob_keys:
-        p = knob_path(key)
+        p = knob_file(key)
         if p is None:
             continue
         f = root / p.lstrip("/")
