@@ -28,9 +28,15 @@ LOCK = "/tmp/polltuned-realkernel.lock"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from polltuned.worlds.default import WORKLOADS
 
-    p.add_argument("--workload", default="single", choices=list(WORKLOADS),
+    p.add_argument("--workload", default="single", choices=[*WORKLOADS, "mix"],
                    help="single (default), parallel, shared-cpu, cpu-hog (sockperf); nginx (nginx + wrk); "
-                        "memcached (memcached + polltuned's closed-loop GET client)")
+                        "memcached (memcached + polltuned's closed-loop GET client); mix (the daemon, "
+                        "unattended, while the client load alternates: see --phases, --phase-s)")
+    p.add_argument("--phases", metavar="LOAD,LOAD,...", default=None,
+                   help="--workload mix: the loads in order, each for --phase-s (default "
+                        "single,shared,single,shared; loads: single, shared)")
+    p.add_argument("--phase-s", type=finite_float(5, 86400), metavar="S", default=None,
+                   help="--workload mix: seconds per phase (default 160: the whole run takes ~15 minutes)")
     p.add_argument("--policy", metavar="NAME|FILE",
                    help="policy (default: the workload's: bench, bench-nginx or bench-memcached)")
     p.add_argument("--no-seeds", action="store_true", help="remove every 'seeds' entry from the policy")
@@ -85,6 +91,20 @@ def run(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir) / "bench",
         record=Path(args.record) if args.record else None, report=Path(args.report) if args.report else None,
         no_seeds=args.no_seeds, oracle=Path(args.oracle) if args.oracle else None, wait_quiet_s=args.wait_quiet)
+    mix = None
+    if args.workload == "mix":
+        from polltuned.benchmix import DEFAULT_PHASE_S, DEFAULT_SCHEDULE, MixSettings, parse_schedule
+
+        if args.oracle is not None or args.record or args.report or args.no_seeds or args.seed is not None:
+            raise UsageError("--workload mix: --oracle, --record, --report, --no-seeds and --seed do not apply "
+                             "(its oracle is a sweep measured per load; the daemon runs the policy as written)")
+        mix = MixSettings(
+            schedule=parse_schedule(args.phases) if args.phases else DEFAULT_SCHEDULE,
+            phase_s=args.phase_s if args.phase_s is not None else DEFAULT_PHASE_S, policy=args.policy,
+            budget=args.budget, window_s=args.window, compare_rounds=args.rounds, max_rounds=args.max_rounds,
+            state_dir=Path(args.state_dir) / "bench", wait_quiet_s=args.wait_quiet)
+    elif args.phases is not None or args.phase_s is not None:
+        raise UsageError("--phases and --phase-s apply to --workload mix only")
     fd = -1
     if not args.no_lock:
         fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)
@@ -103,15 +123,28 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.cleanup:
+            from polltuned.benchmix import MixPaths, mix_recover_daemon, stop_leftover_daemon
+
+            mpaths = MixPaths(settings.state_dir / "mix")
+            stop_leftover_daemon(mpaths, host=host, clock=SystemClock(), progress=progress)
+            mixed = mix_recover_daemon(mpaths, host=host, clock=SystemClock(), progress=progress)
             dirty, removed = recover(settings.state_dir, host=host, clock=SystemClock(), progress=progress)
-            print(f"knobs rolled back: {'yes' if dirty else 'nothing to do'}; "
+            print(f"knobs rolled back: {'yes' if dirty or mixed else 'nothing to do'}; "
                   f"namespaces removed: {', '.join(removed) or 'none'}")
             return 0
-        res = run_bench(settings, host=host, clock=SystemClock(), progress=progress)
+        if mix is not None:
+            from polltuned.benchmix import render_mix_table, run_mix
+
+            mres = run_mix(mix, host=host, clock=SystemClock(), progress=progress)
+        else:
+            res = run_bench(settings, host=host, clock=SystemClock(), progress=progress)
     finally:
         if fd >= 0:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+    if mix is not None:
+        print(json.dumps(mres.to_json(), indent=1, default=str) if args.json else render_mix_table(mres))
+        return 0 if mres.restored else 1
     if args.json:
         print(json.dumps(res.to_json(), indent=1, default=str))
     else:
