@@ -870,7 +870,7 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
             if os.getpid() != owner:
                 os._exit(1)
             try:
-                if daemon is not None:
+                if daemon is not None and daemon.running():
                     progress("stopping the daemon (it restores its knobs on exit)")
                     daemon.stop(settings.stop_timeout_s, clock)
                 if actuator is not None:
