@@ -2,7 +2,7 @@
 """Fleet benchmark: N simulated hosts sharing one study (a PostgreSQL started locally for the run)
 against N independent hosts.
 
-Every host is one process running the real engine (``Tuner`` over a ``ScenarioEnv``, as
+Every host is one process running the real engine (``Engine`` over a ``ScenarioEnv``, as
 benchmarks/tuner_quality.py does) on the same scenario, with its own latency offset (x0.8-1.25)
 and its own extra window noise; a window takes ``--pace-s`` real seconds, so the hosts measure
 side by side and see each other's pending trials. ``fleet``: the hosts share the class's study
@@ -59,7 +59,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from polltuned.clock import FakeClock, SystemClock  # noqa: E402
-from polltuned.engine.tuner import Tuner  # noqa: E402
+from polltuned.engine.core import Engine  # noqa: E402
+from polltuned.engine.driver import drive  # noqa: E402
 from polltuned.optimiser import make_optimiser  # noqa: E402
 from polltuned.optimiser.space import Space  # noqa: E402
 from polltuned.policy.loader import load_policy  # noqa: E402
@@ -191,32 +192,24 @@ class TimedStore(Study):
         self.inner.close()
 
 
-class FreshSharedTuner(Tuner):
-    """EXPERIMENT (``--fresh-shared``), not the daemon's engine: re-reads the class's observations
-    whenever the engine re-tells its model (reference windows, proposals) and just before each
-    recommendation, instead of only at proposals — what an engine change would buy."""
-
-    def _retell(self, st: Any) -> None:
-        if st.in_class:
-            st.shared = self.store.shared_observations(st.session, st.baseline)
-        super()._retell(st)
-
-
 class RefreshingOptimiser:
-    """Delegates to an optimiser; ``best()`` first lets the tuner re-tell fresh class observations."""
+    """EXPERIMENT (``--fresh-shared``), not the daemon's engine: with the engine's ``fresh_shared``
+    (the class's observations re-read at every re-tell: reference windows, proposals), this makes
+    the engine re-tell just before each recommendation too, instead of only at proposals — what
+    an engine change would buy. Delegates everything else to the optimiser."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.name = inner.name
-        self.tuner: FreshSharedTuner | None = None
+        self.engine: Engine | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def best(self) -> Any:
-        t = self.tuner
-        if t is not None and t.state is not None and t.state.in_class:
-            t._retell(t.state)
+        e = self.engine
+        if e is not None and e.state.in_class:
+            e.retell()
         return self.inner.best()
 
 
@@ -273,20 +266,18 @@ def host_main(spec: HostSpec, run: RunSpec, go: Any, out: Any) -> None:
         opt = make_optimiser(run.optimiser, Space.from_policy(p), base, seed=spec.seed,
                              initial_points=p.tuning.initial_points,
                              safety_limit=math.log(1 + p.guard.max_regression))
-        if run.fresh_shared and spec.mode == "fleet":
-            wrapped = RefreshingOptimiser(opt)
-            t = FreshSharedTuner(p, env, store, clock=FakeClock(), optimiser=wrapped)  # type: ignore[arg-type]
-            wrapped.tuner = t
-        else:
-            t = Tuner(p, env, store, clock=FakeClock(), optimiser=opt)
+        fresh = run.fresh_shared and spec.mode == "fleet"
+        wrapped = RefreshingOptimiser(opt) if fresh else None
+        t = Engine(p, store, current=env.current(), clock=FakeClock(), optimiser=wrapped or opt,  # type: ignore[arg-type]
+                   fresh_shared=fresh)
+        if wrapped is not None:
+            wrapped.engine = t
         go.wait()
         time.sleep(delay * run.pace_s)
         t0, c0 = time.perf_counter(), time.process_time()
-        for _ in t.run():
-            pass
+        r = drive(t, env)
         cpu = time.process_time() - c0
-        r = t.result
-        assert r is not None and t.state is not None
+        assert r is not None
         out.put({"index": spec.index, "mode": spec.mode, "odd": spec.odd, "ok": True,
                  "elapsed_s": time.perf_counter() - t0, "cpu_s": cpu, "in_class": t.state.in_class,
                  "membership": store.describe().membership, "fallback": store.describe().fallback,
@@ -345,7 +336,7 @@ def score_host(r: dict[str, Any], sc: Scenario, pol: Policy, j_star: float, budg
         if J(c) <= 1.05 * j_star:
             first = int(w)
             break
-    search = [c for ph, c in r["windows"] if ph != "confirm"]
+    search = [c for ph, c in r["windows"] if ph in ("reference", "trial", "repeat")]
     return {"index": r["index"], "odd": r["odd"], "in_class": r["in_class"], "membership": r["membership"],
             "windows": r["windows_used"], "to5": first if first is not None else budget + 1,
             "reached": first is not None,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tuner-quality benchmark: polltuned's engine vs random search, grid search and static values.
 
-Every method runs through the same Tuner (baseline first, guard rails, interleaved confirmation)
+Every method runs through the same engine (baseline first, guard rails, interleaved confirmation)
 at the same budget of measurement windows, on every scenario, with the same noise seeds; only the
 optimiser differs. ``static`` deploys tuned's network-latency values (busy_read = busy_poll = 50)
 without measuring. Scores use the scenario's noise-free ``expected`` function, never shown to the
@@ -66,7 +66,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from polltuned.clock import FakeClock  # noqa: E402
-from polltuned.engine.tuner import Tuner  # noqa: E402
+from polltuned.engine.core import Engine  # noqa: E402
+from polltuned.engine.driver import drive  # noqa: E402
+from polltuned.engine.phases import WindowKind  # noqa: E402
 from polltuned.objective import value_of  # noqa: E402
 from polltuned.optimiser import make_optimiser  # noqa: E402
 from polltuned.optimiser.space import Space  # noqa: E402
@@ -115,6 +117,10 @@ def optimum(sc: Scenario, pol: Policy, base: dict[str, KnobValue],
     return best_j, best_c
 
 
+#: the windows of the search itself (the budget): what exploration costs
+SEARCH_KINDS = (WindowKind.REFERENCE, WindowKind.TRIAL, WindowKind.REPEAT)
+
+
 def run_one(sc_path: str, pol: Policy, method: str, seed: int, budget: int) -> dict[str, Any]:
     sc = load_scenario(sc_path)
     tuning = pol.tuning.model_copy(update={"seed": seed, "budget": budget})
@@ -132,12 +138,10 @@ def run_one(sc_path: str, pol: Policy, method: str, seed: int, budget: int) -> d
     space = Space.from_policy(p)
     opt = make_optimiser(METHODS[method] or "", space, base, seed=seed, initial_points=p.tuning.initial_points,
                          safety_limit=math.log(1 + p.guard.max_regression))
-    t = Tuner(p, env, Study.memory(p), clock=FakeClock(), optimiser=opt)
-    for _ in t.run():
-        pass
-    r = t.result
+    t = Engine(p, Study.memory(p), current=env.current(), clock=FakeClock(), optimiser=opt)
+    r = drive(t, env)
     assert r is not None
-    search = [{**base, **c} for phase, c in t.trace.windows if phase != "confirm"]
+    search = [{**base, **c} for kind, c in t.trace.windows if kind in SEARCH_KINDS]
     search_J = [J(sc, p, c) for c in search]
     recs = t.trace.recommendations
 

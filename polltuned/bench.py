@@ -13,8 +13,8 @@ Order of operations (each step undone in ``finally``, also on SIGINT/SIGTERM; :f
    CPU hog if any, and its application server if any;
 3. the workload's policy resolved to the world's nic (``ptb-s/ptbs``), knobs this host lacks dropped,
    the probe pointed at the world with the workload's layout;
-4. ``Tuner.run()`` over a HostEnv (wrapped to add guest idle-poll CPU, foreign CPU and steal, and to
-   record windows);
+4. the engine (``engine.driver.drive``) over a HostEnv (wrapped to add guest idle-poll CPU, foreign
+   CPU and steal, and to record windows);
 5. final comparison, interleaved round by round in a rotating order: the kernel defaults (the host's
    values at start), tuned's static network-latency values (busy_read = busy_poll = 50), the
    configuration polltuned deployed and, with ``--oracle``, the oracle's best (benchmarks/oracle.py);
@@ -859,7 +859,9 @@ def _window_line(w: Window) -> str:
 def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
               progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     """The whole bench on the real host. Needs root; hold /tmp/polltuned-realkernel.lock around it."""
-    from polltuned.engine.builder import build_tuner
+    from polltuned.engine.builder import build_engine
+    from polltuned.engine.driver import drive
+    from polltuned.engine.phases import Event
     from polltuned.study import Study
 
     oracle_cfg = load_oracle(settings.oracle, settings.workload) if settings.oracle is not None else None
@@ -875,12 +877,13 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
             sess = stack.enter_context(bench_session(settings, host=host, clock=clock, progress=progress))
             policy, env = sess.policy, sess.env
             defaults = env.current()
-            tuner = build_tuner(policy, env, Study.memory(policy), clock, dropped=sess.dropped)
-            for ev in tuner.run():
-                if ev.phase in ("MEASURE", "CONFIRM", "SCORE", "DONE", "ROLLBACK") or (
-                        ev.phase == "APPLY"):
+            engine = build_engine(policy, env, Study.memory(policy), clock, dropped=sess.dropped)
+
+            def show(ev: Event) -> None:
+                if ev.phase in ("MEASURE", "CONFIRM", "SCORE", "DONE", "ROLLBACK", "APPLY"):
                     progress(f"[{ev.phase}] {ev.message}")
-            result = tuner.result
+
+            result = drive(engine, env, on_event=show)
             assert result is not None
             tuning_s = clock.monotonic() - t_start
             deployed = {k: result.deployed.get(k, defaults[k]) for k in defaults}

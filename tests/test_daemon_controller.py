@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from polltuned.clock import FakeClock
 from polltuned.daemon.controller import HOLD, RECOVER, RELOAD, ROLLBACK, STOPPED, Controller, DriftDetector
+from polltuned.engine.actions import Action, Apply, Done
+from polltuned.engine.phases import Event, Phase, WindowKind
+from polltuned.errors import PolltunedError
 from polltuned.policy.loader import policy_from_dict
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
+from tests.engine_run import result_with
 
 
 def _policy(**over: Any) -> Policy:
@@ -46,39 +50,41 @@ class FakeActuator:
         return []
 
 
-@dataclass(frozen=True)
-class Ev:
-    phase: str
-    message: str = ""
-    trial: int | None = None
+class FakeEngine:
+    """The engine's ask/tell API with scripted phases: one event per step (APPLY writes the
+    actuator), each step an Apply the env ignores; then Done with ``deployed``."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"phase": self.phase, "message": self.message, "trial": self.trial, "kind": "phase"}
-
-
-class FakeTuner:
-    def __init__(self, actuator: FakeActuator, phases: list[str]) -> None:
+    def __init__(self, actuator: FakeActuator, phases: list[str], *, baseline_value: float = 1.0) -> None:
         self.actuator = actuator
         self.phases = phases
         self.stopped = False
-        self._result: dict[str, Any] | None = None
+        self.baseline_value = baseline_value
+        self.i = 0
+        self.events: list[Event] = []
 
-    def run(self) -> Iterator[Ev]:
-        for i, p in enumerate(self.phases):
-            if self.stopped:
-                break
-            if p == "APPLY":
-                self.actuator.values["net.core.busy_poll"] = 50
-                self.actuator.dirty = True
-            yield Ev(p, f"step {i}", trial=i)
-        self._result = {"deployed": {"net.core.busy_poll": 50}}
+    def next_action(self) -> Action:
+        if self.stopped or self.i >= len(self.phases):
+            return Done(result_with({"net.core.busy_poll": 50}, baseline_value=self.baseline_value))
+        p = self.phases[self.i]
+        if p == "APPLY":
+            self.actuator.values["net.core.busy_poll"] = 50
+            self.actuator.dirty = True
+        self.events.append(Event(Phase(p), f"step {self.i}", trial=self.i))
+        self.i += 1
+        return Apply({}, WindowKind.TRIAL)
+
+    def observe(self, window: Window) -> None:
+        raise AssertionError("the fake engine never asks for a window")
+
+    def apply_failed(self, error: PolltunedError) -> None:
+        raise AssertionError("FakeEnv.apply never fails")
+
+    def drain_events(self) -> list[Event]:
+        out, self.events = self.events, []
+        return out
 
     def request_stop(self) -> None:
         self.stopped = True
-
-    @property
-    def result(self) -> Any:
-        return self._result
 
 
 class FakeEnv:
@@ -103,39 +109,39 @@ class FakeEnv:
 
 def test_recover_rolls_back_dirty_host_before_anything_else() -> None:
     act = FakeActuator(dirty=True, values={"net.core.busy_poll": 77})
-    tuners: list[FakeTuner] = []
+    tuners: list[FakeEngine] = []
 
-    def make(p: Policy, e: Any) -> FakeTuner:
+    def make(p: Policy, e: Any) -> FakeEngine:
         # by the time the first tuner is built, recovery must have restored the host
         assert act.values["net.core.busy_poll"] == 0 and act.rollbacks == 1
-        t = FakeTuner(act, ["BASELINE"])
+        t = FakeEngine(act, ["BASELINE"])
         tuners.append(t)
         return t
 
-    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([100.0]), make_tuner=make,
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([100.0]), make_engine=make,
                    clock=FakeClock(), max_rounds=1)
     phases = list(c.steps())
     assert phases[0] == RECOVER
     assert c.recovery["dirty_at_start"] is True
-    assert tuners, "tuner never built"
+    assert tuners, "engine never built"
 
 
 def test_relays_tuner_phases_and_restores_on_exit() -> None:
     act = FakeActuator()
     c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([100.0]),
-                   make_tuner=lambda p, e: FakeTuner(act, ["BASELINE", "PROPOSE", "APPLY", "MEASURE", "CONFIRM"]),
+                   make_engine=lambda p, e: FakeEngine(act, ["BASELINE", "PROPOSE", "APPLY", "MEASURE", "CONFIRM"]),
                    clock=FakeClock(), max_rounds=1)
     phases = list(c.steps())
     for p in ("BASELINE", "PROPOSE", "APPLY", "MEASURE", "CONFIRM", ROLLBACK, STOPPED):
         assert p in phases
     assert act.rollbacks == 1 and act.values["net.core.busy_poll"] == 0
-    assert c.result == {"deployed": {"net.core.busy_poll": 50}}
+    assert c.result is not None and c.result.deployed == {"net.core.busy_poll": 50}
 
 
 def test_on_exit_keep_leaves_deployed_values() -> None:
     act = FakeActuator()
     c = Controller(policy=_policy(on_exit="keep", hold={"retune": False}), actuator=act, env=FakeEnv([1.0]),
-                   make_tuner=lambda p, e: FakeTuner(act, ["APPLY"]), clock=FakeClock(), max_rounds=1)
+                   make_engine=lambda p, e: FakeEngine(act, ["APPLY"]), clock=FakeClock(), max_rounds=1)
     list(c.steps())
     assert act.rollbacks == 0 and act.values["net.core.busy_poll"] == 50
     assert c.phase == STOPPED
@@ -146,13 +152,13 @@ def test_hold_detects_drift_and_retunes_without_real_sleep() -> None:
     made: list[int] = []
     clock = FakeClock()
 
-    def make(p: Policy, e: Any) -> FakeTuner:
+    def make(p: Policy, e: Any) -> FakeEngine:
         made.append(1)
-        return FakeTuner(act, ["APPLY"])
+        return FakeEngine(act, ["APPLY"])
 
     # three reference windows at ~100 µs, then the workload moves to 300 µs for two windows
     env = FakeEnv([100, 102, 98, 300, 310, 100, 100, 100, 100])
-    c = Controller(policy=_policy(), actuator=act, env=env, make_tuner=make, clock=clock, max_rounds=2)
+    c = Controller(policy=_policy(), actuator=act, env=env, make_engine=make, clock=clock, max_rounds=2)
     phases = list(c.steps())
     assert len(made) == 2, "drift did not trigger a second (warm-started) tuning round"
     assert HOLD in phases
@@ -163,7 +169,7 @@ def test_hold_detects_drift_and_retunes_without_real_sleep() -> None:
 def test_stop_request_during_hold_exits_and_restores() -> None:
     act = FakeActuator()
     env = FakeEnv([100.0] * 50)
-    c = Controller(policy=_policy(), actuator=act, env=env, make_tuner=lambda p, e: FakeTuner(act, ["APPLY"]),
+    c = Controller(policy=_policy(), actuator=act, env=env, make_engine=lambda p, e: FakeEngine(act, ["APPLY"]),
                    clock=FakeClock())
     steps = c.steps()
     for phase in steps:
@@ -179,11 +185,11 @@ def test_reload_swaps_policy_and_retunes() -> None:
     act = FakeActuator()
     seen: list[str] = []
 
-    def make(p: Policy, e: Any) -> FakeTuner:
+    def make(p: Policy, e: Any) -> FakeEngine:
         seen.append(p.name)
-        return FakeTuner(act, ["BASELINE", "PROPOSE", "APPLY"])
+        return FakeEngine(act, ["BASELINE", "PROPOSE", "APPLY"])
 
-    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_tuner=make,
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_engine=make,
                    clock=FakeClock(), max_rounds=2)
     steps = c.steps()
     for phase in steps:
@@ -212,7 +218,7 @@ def test_service_signal_handlers_keep_default_action_in_forked_children(tmp_path
     from polltuned.host.systemd import Notifier
 
     act = FakeActuator()
-    c = Controller(policy=_policy(), actuator=act, env=FakeEnv([1.0]), make_tuner=lambda p, e: FakeTuner(act, []),
+    c = Controller(policy=_policy(), actuator=act, env=FakeEnv([1.0]), make_engine=lambda p, e: FakeEngine(act, []),
                    clock=FakeClock())
     svc = Service(controller=c, notifier=Notifier(environ={}), run_dir=str(tmp_path), clock=FakeClock(),
                   build_status=lambda ctl: {}, reload_policy=lambda: _policy())
@@ -236,12 +242,9 @@ def test_service_signal_handlers_keep_default_action_in_forked_children(tmp_path
         signal.signal(signal.SIGTERM, old)
 
 
-class NoBaselineTuner(FakeTuner):
+def no_baseline_engine(act: FakeActuator) -> FakeEngine:
     """A round whose baseline could not be measured (the service had no traffic yet)."""
-
-    def run(self) -> Iterator[Ev]:
-        yield Ev("BASELINE", "baseline window failed")
-        self._result = type("R", (), {"baseline_value": float("nan")})()
+    return FakeEngine(act, ["BASELINE"], baseline_value=float("nan"))
 
 
 def test_hold_retunes_when_the_probe_starts_working_after_a_failed_baseline() -> None:
@@ -255,12 +258,12 @@ def test_hold_retunes_when_the_probe_starts_working_after_a_failed_baseline() ->
                 return Window.failed("no traffic yet")
             return Window(ok=True, latency={"p99": 100.0}, cpu_cores=0.1)
 
-    def make(p: Policy, e: Any) -> FakeTuner:
+    def make(p: Policy, e: Any) -> FakeEngine:
         made.append("x")
-        return NoBaselineTuner(act, []) if len(made) == 1 else FakeTuner(act, ["APPLY"])
+        return no_baseline_engine(act) if len(made) == 1 else FakeEngine(act, ["APPLY"])
 
     env = FlakyEnv([1.0])
-    c = Controller(policy=_policy(), actuator=act, env=env, make_tuner=make, clock=FakeClock(), max_rounds=2)
+    c = Controller(policy=_policy(), actuator=act, env=env, make_engine=make, clock=FakeClock(), max_rounds=2)
     list(c.steps())
     assert len(made) == 2, "the daemon never retried after the probe started working"
     assert env.calls == 3 + 2  # three failed windows, then drift_windows (2) usable ones
@@ -275,12 +278,12 @@ def _reload_run(trigger: str, *, when_calls: int = 0, new: Policy | None = None,
     seen: list[str] = []
     env = FakeEnv([100.0] * 100)
 
-    def make(p: Policy, e: Any) -> FakeTuner:
+    def make(p: Policy, e: Any) -> FakeEngine:
         seen.append(p.name)
-        return FakeTuner(act, ["BASELINE", "PROPOSE", "APPLY", "MEASURE", "CONFIRM"])
+        return FakeEngine(act, ["BASELINE", "PROPOSE", "APPLY", "MEASURE", "CONFIRM"])
 
     c = Controller(policy=_policy(hold={"interval_s": 2.0, "drift_windows": 50}), actuator=act, env=env,
-                   make_tuner=make, clock=FakeClock(), max_rounds=2)
+                   make_engine=make, clock=FakeClock(), max_rounds=2)
     new = new or _policy(name="second", hold={"interval_s": 2.0, "drift_windows": 50})
     phases: list[str] = []
     done = False
@@ -337,7 +340,7 @@ def test_reload_that_drops_knobs_restores_the_originals_first() -> None:
 def test_reload_while_stopping_is_ignored() -> None:
     act = FakeActuator()
     c = Controller(policy=_policy(), actuator=act, env=FakeEnv([100.0] * 50),
-                   make_tuner=lambda p, e: FakeTuner(act, ["APPLY"]), clock=FakeClock())
+                   make_engine=lambda p, e: FakeEngine(act, ["APPLY"]), clock=FakeClock())
     steps = c.steps()
     for phase in steps:
         if phase == HOLD:
@@ -354,13 +357,13 @@ def test_recovery_honours_the_keep_marker_once_and_forgets_it() -> None:
     act = FakeActuator(dirty=True, values={"net.core.busy_poll": 50})
     forgotten: list[int] = []
 
-    def make(p: Policy, e: Any) -> FakeTuner:
+    def make(p: Policy, e: Any) -> FakeEngine:
         # recovery kept the deployed value and dropped the marker before the first trial
         assert act.rollbacks == 0 and act.values["net.core.busy_poll"] == 50
         assert forgotten == [1]
-        return FakeTuner(act, ["APPLY"])
+        return FakeEngine(act, ["APPLY"])
 
-    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_tuner=make,
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_engine=make,
                    clock=FakeClock(), max_rounds=1, kept=True, forget_kept=lambda: forgotten.append(1))
     list(c.steps())
     assert c.recovery["kept_by_previous_run"] is True and "rollback" not in c.recovery
@@ -371,7 +374,7 @@ def test_without_keep_marker_recovery_rolls_back_and_forgets_nothing() -> None:
     act = FakeActuator(dirty=True, values={"net.core.busy_poll": 50})
     forgotten: list[int] = []
     c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]),
-                   make_tuner=lambda p, e: FakeTuner(act, []), clock=FakeClock(), max_rounds=1,
+                   make_engine=lambda p, e: FakeEngine(act, []), clock=FakeClock(), max_rounds=1,
                    forget_kept=lambda: forgotten.append(1))
     c.recover()
     assert act.rollbacks == 1 and forgotten == []
@@ -386,16 +389,16 @@ def _service(tmp_path: Any, reload_policy: Any, phases: list[str], trigger: str)
     act = FakeActuator()
     holder: dict[str, Any] = {}
 
-    class TriggerTuner(FakeTuner):
-        def run(self) -> Iterator[Ev]:
-            for ev in super().run():
-                if ev.phase == trigger and not holder.get("fired"):
-                    holder["fired"] = True
-                    holder["svc"].flags.reload = True  # what the SIGHUP handler does
-                yield ev
+    class TriggerEngine(FakeEngine):
+        def drain_events(self) -> list[Event]:
+            out = super().drain_events()
+            if any(ev.phase == trigger for ev in out) and not holder.get("fired"):
+                holder["fired"] = True
+                holder["svc"].flags.reload = True  # what the SIGHUP handler does
+            return out
 
     c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]),
-                   make_tuner=lambda p, e: TriggerTuner(act, phases), clock=FakeClock(), max_rounds=1)
+                   make_engine=lambda p, e: TriggerEngine(act, phases), clock=FakeClock(), max_rounds=1)
     svc = Service(controller=c, notifier=Notifier(environ={}, monotonic_usec=lambda: 123456789),
                   run_dir=str(tmp_path), clock=FakeClock(), build_status=lambda ctl: {"phase": ctl.phase},
                   reload_policy=reload_policy)
@@ -448,11 +451,11 @@ def test_service_reload_before_ready_sends_no_reloading(tmp_path: Any) -> None:
     act = FakeActuator()
     seen: list[str] = []
 
-    def make(p: Policy, e: Any) -> FakeTuner:
+    def make(p: Policy, e: Any) -> FakeEngine:
         seen.append(p.name)
-        return FakeTuner(act, ["APPLY"])
+        return FakeEngine(act, ["APPLY"])
 
-    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_tuner=make,
+    c = Controller(policy=_policy(hold={"retune": False}), actuator=act, env=FakeEnv([1.0]), make_engine=make,
                    clock=FakeClock(), max_rounds=1)
     svc = Service(controller=c, notifier=Notifier(environ={}), run_dir=str(tmp_path), clock=FakeClock(),
                   build_status=lambda ctl: {}, reload_policy=lambda: _policy(name="early", hold={"retune": False}))

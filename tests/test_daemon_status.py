@@ -78,7 +78,7 @@ def test_history_and_report_from_the_study(tmp_path: Path, capsys: object) -> No
     assert main([*common, "history", "--policy", str(pol_file), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
     phases = {w["phase"] for w in out["windows"]}
-    assert out["policy"] == "hist" and "baseline" in phases and "trial" in phases
+    assert out["policy"] == "hist" and "reference" in phases and "trial" in phases
     assert all(isinstance(w["config"], dict) for w in out["windows"])
     png = tmp_path / "r.png"
     assert main([*common, "report", "--policy", str(pol_file), "-o", str(png)]) == 0

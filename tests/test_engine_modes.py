@@ -14,9 +14,9 @@ from polltuned.daemon.render import render_status
 from polltuned.daemon.statusdoc import build_status
 from polltuned.daemon.wiring import build_daemon
 from polltuned.engine.builder import inert_knobs, prepare_policy
+from polltuned.engine.driver import drive
 from polltuned.engine.phases import Phase
 from polltuned.engine.reference import ReferenceSeries
-from polltuned.engine.tuner import Tuner
 from polltuned.knobs.keys import Effect, parse_key
 from polltuned.policy.loader import load_policy, policy_from_dict
 from polltuned.policy.schema import Policy
@@ -25,6 +25,8 @@ from polltuned.probes.sim import make_fake_host_tree
 from polltuned.study import Study
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
+from tests.engine_run import engine_for
+from tests.engine_run import events as steps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,8 +40,8 @@ def policy(**tuning: object) -> Policy:
 def test_observe_measures_the_baseline_and_writes_nothing() -> None:
     p = policy(budget=20).model_copy(update={"mode": "observe"})
     env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=0)
-    t = Tuner(p, env, Study.memory(p), clock=FakeClock())
-    events = list(t.run())
+    t = engine_for(p, env, Study.memory(p))
+    events = list(steps(t, env))
     r = t.result
     assert r is not None and r.mode == "observe"
     assert env.applied == []                       # not one knob written, not even the baseline's
@@ -52,9 +54,9 @@ def test_observe_measures_the_baseline_and_writes_nothing() -> None:
 # ---------------------------------------------------------------- resume at boot
 def _deploying_session(tmp_path: Path, p: Policy, host: str) -> Study:
     study = Study.open(tmp_path, p)
-    t = Tuner(p, ScenarioEnv(p, load_scenario("busypoll_split"), seed=0), study, clock=FakeClock(),
-              host_fingerprint=host)
-    list(t.run())
+    env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=0)
+    t = engine_for(p, env, study, host_fingerprint=host)
+    drive(t, env)
     assert t.result is not None and not t.result.deployed_is_baseline, t.result.reason
     return study
 
@@ -64,8 +66,8 @@ def test_resume_reapplies_the_confirmed_configuration_first(tmp_path: Path) -> N
     study = _deploying_session(tmp_path, p, "host-a")
     deployed = study.sessions()[-1].result["deployed"]  # type: ignore[index]
     env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=1)
-    t = Tuner(p, env, Study.open(tmp_path, p), clock=FakeClock(), host_fingerprint="host-a", resume=True)
-    events = list(t.run())
+    t = engine_for(p, env, Study.open(tmp_path, p), host_fingerprint="host-a", resume=True)
+    events = list(steps(t, env))
     r = t.result
     assert r is not None and r.mode == "resume", r.reason
     # the very first window measured the deployed values (B A B A), and the check was short
@@ -78,8 +80,8 @@ def test_resume_needs_the_same_host_fingerprint(tmp_path: Path) -> None:
     p = policy(budget=12)
     _deploying_session(tmp_path, p, "host-a")
     env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=1)
-    t = Tuner(p, env, Study.open(tmp_path, p), clock=FakeClock(), host_fingerprint="host-b", resume=True)
-    list(t.run())
+    t = engine_for(p, env, Study.open(tmp_path, p), host_fingerprint="host-b", resume=True)
+    drive(t, env)
     assert t.result is not None and t.result.mode == "search"
 
 
@@ -88,8 +90,8 @@ def test_resume_searches_again_when_the_configuration_no_longer_helps(tmp_path: 
     _deploying_session(tmp_path, p, "host-a")
     # the workload changed: busy polling now hurts (client and server share a CPU)
     env = ScenarioEnv(p, load_scenario("busypoll_shared"), seed=1)
-    t = Tuner(p, env, Study.open(tmp_path, p), clock=FakeClock(), host_fingerprint="host-a", resume=True)
-    events = list(t.run())
+    t = engine_for(p, env, Study.open(tmp_path, p), host_fingerprint="host-a", resume=True)
+    events = list(steps(t, env))
     assert t.result is not None and t.result.mode == "search"
     assert any(e.phase is Phase.RESUME and "searching again" in e.message for e in events)
 
@@ -188,10 +190,9 @@ def test_trials_are_told_relative_to_the_baseline_of_their_time() -> None:
     w = Drifting()
     sc = Scenario("drifting", REPO, "", w.measure, w.expected, True)
     env = ScenarioEnv(p, sc, seed=0)
-    t = Tuner(p, env, Study.memory(p), clock=FakeClock())
-    list(t.run())
+    t = engine_for(p, env, Study.memory(p))
+    drive(t, env)
     st = t.state
-    assert st is not None
     told = [t._told(st, o) for o in st.obs if not o.reference and o.config.get("kernel.timer_migration") == 0
             and not o.aborted]
     assert told, "the design never tried timer_migration = 0"

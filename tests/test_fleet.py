@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from polltuned.clock import FakeClock, SystemClock
-from polltuned.engine.tuner import Tuner
-from polltuned.optimiser import Optimiser, Recommendation, make_optimiser
+from polltuned.engine.core import Engine
+from polltuned.optimiser import Context, Optimiser, Recommendation, make_optimiser
 from polltuned.optimiser.space import Space
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
@@ -26,6 +26,8 @@ from polltuned.study.select import open_study
 from polltuned.study.sqlite import SqliteStudy
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
+from tests.engine_run import engine_for
+from tests.engine_run import events as steps
 
 
 def policy(budget: int = 12) -> Policy:
@@ -42,18 +44,19 @@ class Recorder:
         self.asks: list[tuple[list[dict[str, KnobValue]], dict[str, KnobValue]]] = []
         self.retold: list[tuple[dict[str, KnobValue], float]] = []
 
-    def ask(self, remaining: int | None = None,
-            pending: Sequence[Mapping[str, KnobValue]] = ()) -> dict[str, KnobValue]:
-        c = self.inner.ask(remaining=remaining, pending=pending)
+    def ask(self, remaining: int | None = None, pending: Sequence[Mapping[str, KnobValue]] = (), *,
+            context: Context | None = None) -> dict[str, KnobValue]:
+        c = self.inner.ask(remaining=remaining, pending=pending, context=context)
         self.asks.append(([dict(p) for p in pending], dict(c)))
         return c
 
-    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
-        self.inner.tell(config, y)
+    def tell(self, config: Mapping[str, KnobValue], y: float, *, context: Context | None = None) -> None:
+        self.inner.tell(config, y, context=context)
 
-    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]]) -> None:
+    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]], *,
+               contexts: Sequence[Context | None] | None = None) -> None:
         self.retold = [(dict(c), y) for c, y in observations]
-        self.inner.retell(observations)
+        self.inner.retell(observations, contexts=contexts)
 
     def tell_failed(self, config: Mapping[str, KnobValue]) -> None:
         self.inner.tell_failed(config)
@@ -75,18 +78,18 @@ class Recorder:
         return self.inner.cpu_seconds
 
 
-def tuner(p: Policy, store: Any, seed: int) -> tuple[Tuner, Recorder]:
+def tuner(p: Policy, store: Any, seed: int) -> tuple[Engine, ScenarioEnv, Recorder]:
     base = default_config(p)
     rec = Recorder(make_optimiser("skopt", Space.from_policy(p), base, seed=p.tuning.seed,
                                   initial_points=p.tuning.initial_points))
     env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=seed, baseline=base)
-    return Tuner(p, env, store, clock=FakeClock(), optimiser=rec), rec
+    return engine_for(p, env, store, optimiser=rec), env, rec
 
 
-def lockstep(a: Tuner, b: Tuner) -> list[str]:
-    """Run two tuners one event at a time each (two hosts measuring at the same pace)."""
+def lockstep(a: tuple[Engine, ScenarioEnv, Recorder], b: tuple[Engine, ScenarioEnv, Recorder]) -> list[str]:
+    """Run two engines one event at a time each (two hosts measuring at the same pace)."""
     msgs: list[str] = []
-    gens = [a.run(), b.run()]
+    gens = [steps(a[0], a[1]), steps(b[0], b[1])]
     live = [True, True]
     while any(live):
         for i, g in enumerate(gens):
@@ -104,10 +107,11 @@ def test_two_hosts_of_a_class_split_the_search(tmp_path: Path) -> None:
     db = tmp_path / "class.sqlite3"
     stores = [SqliteStudy(db, fp, class_key=fp + "-cls", host_id=h, shared=True, clock=FakeClock())
               for h in ("host-a", "host-b")]
-    (ta, ra), (tb, rb) = tuner(p, stores[0], seed=1), tuner(p, stores[1], seed=2)
-    msgs = lockstep(ta, tb)
+    ha, hb = tuner(p, stores[0], seed=1), tuner(p, stores[1], seed=2)
+    (ta, _, ra), (tb, _, rb) = ha, hb
+    msgs = lockstep(ha, hb)
     assert sum("joined its workload class" in m for m in msgs) == 2
-    assert ta.state is not None and ta.state.in_class and tb.state is not None and tb.state.in_class
+    assert ta.state.in_class and tb.state.in_class
     # the same seed gives both the same space-filling design: the second host to ask skips what
     # the first is measuring (pending), so they measure different configurations at once
     with_pending = [(pend, c) for pend, c in rb.asks + ra.asks if pend]
@@ -128,9 +132,10 @@ def test_without_a_class_the_same_seed_measures_the_same_configurations(tmp_path
     """The control for the test above: single-host stores share nothing, so identical seeds
     propose identical first configurations."""
     p = policy(budget=8)
-    (ta, ra), (tb, rb) = (tuner(p, SqliteStudy(tmp_path / f"{h}.sqlite3", fingerprint(p)), seed=s)
-                          for h, s in (("a", 1), ("b", 2)))
-    lockstep(ta, tb)
+    ha, hb = (tuner(p, SqliteStudy(tmp_path / f"{h}.sqlite3", fingerprint(p)), seed=s)
+              for h, s in (("a", 1), ("b", 2)))
+    (_, _, ra), (_, _, rb) = ha, hb
+    lockstep(ha, hb)
     assert ra.asks[0][1] == rb.asks[0][1] and all(not pend for pend, _ in ra.asks + rb.asks)
 
 
@@ -141,15 +146,16 @@ def _host_process(dsn: str, state: Path, ack: int) -> None:
         p = policy(budget=30)
         cfg = StudyConfig(backend="postgresql", dsn=dsn, pending_timeout_s=60.0)
         st = open_study(cfg, state, p, class_fp="cls", host_id="victim", clock=SystemClock())
-        t = Tuner(p, ScenarioEnv(p, load_scenario("busypoll_split"), seed=3), st, clock=FakeClock())
+        env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=3)
+        t = engine_for(p, env, st)
         trials = 0
-        for ev in t.run():
+        for ev in steps(t, env):
             if ev.phase == "MEASURE" and ev.window is not None:
                 os.write(ack, f"{ev.window}\n".encode())
             if ev.phase == "APPLY":
                 trials += 1
             if ev.phase == "MEASURE" and ev.trial is not None and trials >= 2:
-                os.write(ack, f"session {t.state.session if t.state else '?'}\n".encode())
+                os.write(ack, f"session {t.state.session}\n".encode())
                 os.kill(os.getpid(), signal.SIGSTOP)
     except BaseException:
         os._exit(3)

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from polltuned.clock import FakeClock
-from polltuned.engine.tuner import Tuner
+from polltuned.engine.driver import drive
 from polltuned.errors import JournalError
-from polltuned.optimiser import Recommendation
+from polltuned.optimiser import Context, Recommendation
 from polltuned.optimiser.baselines import RandomOptimiser
 from polltuned.optimiser.space import Space
 from polltuned.policy.loader import load_policy
@@ -21,6 +20,8 @@ from polltuned.records import KnobValue
 from polltuned.study import fingerprint, parse_study
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
+from tests.engine_run import engine_for
+from tests.engine_run import events as steps
 
 
 def policy(budget: int = 12, warm: bool = True) -> Policy:
@@ -35,13 +36,14 @@ class SpyOptimiser(RandomOptimiser):
         self.told: list[tuple[dict[str, KnobValue], float]] = []
         self.retold: list[tuple[dict[str, KnobValue], float]] = []
 
-    def tell(self, config: Mapping[str, KnobValue], y: float) -> None:
+    def tell(self, config: Mapping[str, KnobValue], y: float, *, context: Context | None = None) -> None:
         self.told.append((dict(config), y))
-        super().tell(config, y)
+        super().tell(config, y, context=context)
 
-    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]]) -> None:
+    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]], *,
+               contexts: Sequence[Context | None] | None = None) -> None:
         self.retold = [(dict(c), y) for c, y in observations]
-        super().retell(observations)
+        super().retell(observations, contexts=contexts)
 
     def best(self) -> Recommendation | None:
         return super().best()
@@ -52,24 +54,24 @@ def test_resume_continues_the_unfinished_session(store_factory: Any) -> None:
     sc = load_scenario("busypoll_split")
     env = ScenarioEnv(p, sc, seed=0)
     study = store_factory(p)
-    t1 = Tuner(p, env, study, clock=FakeClock())
-    gen = t1.run()
+    t1 = engine_for(p, env, study)
+    gen = steps(t1, env)
     for ev in gen:  # "crash" after the 6th window
         if ev.window is not None and ev.window >= 5 and ev.phase == "MEASURE":
             break
     gen.close()
     s = study.sessions()
     assert len(s) == 1 and not s[0].ended
-    done_before = len([w for w in s[0].windows if w.phase in ("baseline", "trial")])
+    done_before = len([w for w in s[0].windows if w.phase in ("reference", "trial", "repeat")])
     assert done_before == 6  # journalled before the event that reported it
 
     env2 = ScenarioEnv(p, sc, seed=1, baseline=default_config(p))
     spy = SpyOptimiser(Space.from_policy(p), env2.current(), seed=0)
-    t2 = Tuner(p, env2, store_factory(p), clock=FakeClock(), optimiser=spy)
-    list(t2.run())
+    t2 = engine_for(p, env2, store_factory(p), optimiser=spy)
+    drive(t2, env2)
     assert t2.result is not None and t2.result.windows_used == 12
     # only the remaining 6 windows were measured during the search
-    assert len([w for w in t2.trace.windows if w[0] != "confirm"]) == 12 - done_before
+    assert len([w for w in t2.trace.windows if w[0] in ("reference", "trial", "repeat")]) == 12 - done_before
     assert t2.trace.windows[0][0] == "trial"  # the baseline phase is not repeated
     # the old windows were replayed into the fresh optimiser as log-ratios to their references
     assert len(spy.retold) >= done_before
@@ -82,12 +84,12 @@ def test_warm_start_tells_comparable_values_only(store_factory: Any) -> None:
     p = policy(budget=8)
     sc = load_scenario("epoll_busypoll")
     base = default_config(p)
-    t1 = Tuner(p, ScenarioEnv(p, sc, seed=0), store_factory(p), clock=FakeClock())
-    list(t1.run())
+    env1 = ScenarioEnv(p, sc, seed=0)
+    drive(engine_for(p, env1, store_factory(p)), env1)
     first_session = store_factory(p).sessions()[0]
     expected = [(w.config, w.y) for w in first_session.windows
-                if w.y is not None and w.phase in ("baseline", "trial") and w.status in ("ok", "aborted")]
-    assert expected and all(w.ratio for w in first_session.windows if w.phase == "baseline" and w.y is not None)
+                if w.y is not None and w.phase in ("reference", "trial", "repeat") and w.status in ("ok", "aborted")]
+    assert expected and all(w.ratio for w in first_session.windows if w.phase == "reference" and w.y is not None)
     # an old-format session (a baseline window's raw J stored in y) and a session that started from
     # another baseline are on file too: neither may reach the optimiser
     other = {**base, "net.core.busy_poll": 50}
@@ -106,7 +108,7 @@ def test_warm_start_tells_comparable_values_only(store_factory: Any) -> None:
         st.append(str(rec["kind"]), **fields)
     env = ScenarioEnv(p, sc, seed=1)
     spy = SpyOptimiser(Space.from_policy(p), env.current(), seed=1)
-    gen = Tuner(p, env, store_factory(p), clock=FakeClock(), optimiser=spy).run()
+    gen = steps(engine_for(p, env, store_factory(p), optimiser=spy), env)
     first = next(gen)
     assert "warm start" in first.message
     for _ in range(3):  # the first baseline window of the new session: priors are told with it
@@ -119,8 +121,8 @@ def test_warm_start_tells_comparable_values_only(store_factory: Any) -> None:
 
     cold = policy(budget=8, warm=False)
     spy2 = SpyOptimiser(Space.from_policy(cold), env.current(), seed=1)
-    gen2 = Tuner(cold, ScenarioEnv(cold, sc, seed=1), store_factory(cold), clock=FakeClock(),
-                 optimiser=spy2).run()
+    env_cold = ScenarioEnv(cold, sc, seed=1)
+    gen2 = steps(engine_for(cold, env_cold, store_factory(cold), optimiser=spy2), env_cold)
     for _ in range(3):
         next(gen2)
     assert spy2.told == [] and all(c == default_config(cold) for c, _ in spy2.retold)

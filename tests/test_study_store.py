@@ -241,9 +241,10 @@ def closed_port() -> int:
 
 def test_unreachable_database_falls_back_to_the_local_store(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from polltuned.clock import FakeClock as FC
-    from polltuned.engine.tuner import Tuner
+    from polltuned.engine.driver import drive
     from polltuned.worlds.env import ScenarioEnv
     from polltuned.worlds.scenario import load_scenario
+    from tests.engine_run import engine_for
 
     p = pol()
     p = p.model_copy(update={"tuning": p.tuning.model_copy(update={"budget": 8, "optimiser": "random"})})
@@ -257,9 +258,10 @@ def test_unreachable_database_falls_back_to_the_local_store(tmp_path: Path, capl
     assert info.backend == "postgresql" and info.fallback is not None and "tuning alone" in info.fallback
     assert "s3cret" not in json.dumps(info.to_json()) and "s3cret" not in caplog.text
     assert info.local == str(tmp_path / "studies" / DB_NAME)
-    t = Tuner(p, ScenarioEnv(p, load_scenario("busypoll_split"), seed=0), st, clock=FC())
-    list(t.run())
-    assert t.result is not None and t.state is not None and not t.state.in_class
+    env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=0)
+    t = engine_for(p, env, st, clock=FC())
+    drive(t, env)
+    assert t.result is not None and not t.state.in_class
     logs = open_local(tmp_path, p).sessions()           # everything is on the local store
     assert len(logs) == 1 and logs[0].ended and len(logs[0].windows) >= 8
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.clock import FakeClock
-from polltuned.engine.tuner import Tuner
+from polltuned.engine.core import Engine
+from polltuned.engine.driver import drive
 from polltuned.optimiser import make_optimiser
 from polltuned.optimiser.space import Space
 from polltuned.policy.loader import load_policy
@@ -15,6 +15,8 @@ from polltuned.policy.schema import Policy
 from polltuned.study import Study
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
+from tests.engine_run import engine_for
+from tests.engine_run import events as steps
 
 
 def policy(**tuning: object) -> Policy:
@@ -23,14 +25,14 @@ def policy(**tuning: object) -> Policy:
 
 
 def run(p: Policy, scenario: str, *, seed: int = 0, optimiser: str | None = None,
-        env: ScenarioEnv | None = None, study: Study | None = None) -> tuple[Tuner, ScenarioEnv]:
+        env: ScenarioEnv | None = None, study: Study | None = None) -> tuple[Engine, ScenarioEnv]:
     sc = load_scenario(scenario)
     env = env or ScenarioEnv(p, sc, seed=seed)
     opt = None
     if optimiser is not None:
         opt = make_optimiser(optimiser, Space.from_policy(p), env.current(), seed=seed)
-    t = Tuner(p, env, study or Study.memory(p), clock=FakeClock(), optimiser=opt)
-    events = list(t.run())
+    t = engine_for(p, env, study or Study.memory(p), optimiser=opt)
+    events = list(steps(t, env))
     assert events[-1].phase == "DONE"
     assert all(e.to_json()["phase"] == e.phase for e in events)
     return t, env
@@ -84,8 +86,8 @@ def test_failed_windows_are_recorded_failed_and_never_told() -> None:
     sc = load_scenario("busypoll_split")
     env = ScenarioEnv(p, sc, seed=0, fail_windows=[2, 3])
     opt = make_optimiser("random", Space.from_policy(p), env.current(), seed=0)
-    t = Tuner(p, env, Study.memory(p), clock=FakeClock(), optimiser=opt)
-    list(t.run())
+    t = engine_for(p, env, Study.memory(p), optimiser=opt)
+    drive(t, env)
     r = t.result
     assert r is not None
     failed = [tr for tr in r.trials if tr.status == "failed"]
@@ -99,8 +101,8 @@ def test_apply_failure_is_a_failed_trial_not_a_crash() -> None:
     p = policy(budget=8)
     sc = load_scenario("busypoll_split")
     env = ScenarioEnv(p, sc, seed=0, fail_apply=[{"kernel.timer_migration": 0}])
-    t = Tuner(p, env, Study.memory(p), clock=FakeClock())
-    list(t.run())
+    t = engine_for(p, env, Study.memory(p))
+    drive(t, env)
     r = t.result
     assert r is not None
     assert any(tr.status == "failed" and "apply failed" in tr.reason for tr in r.trials)
@@ -110,8 +112,8 @@ def test_request_stop_restores_the_baseline() -> None:
     p = policy(budget=20)
     sc = load_scenario("busypoll_split")
     env = ScenarioEnv(p, sc, seed=0)
-    t = Tuner(p, env, Study.memory(p), clock=FakeClock())
-    for ev in t.run():
+    t = engine_for(p, env, Study.memory(p))
+    for ev in steps(t, env):
         if ev.phase == "SCORE" and ev.trial == 2:
             t.request_stop()
     r = t.result
@@ -140,4 +142,4 @@ def test_result_json_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["random", "grid"])
 def test_baseline_optimisers_run_through_the_same_engine(name: str) -> None:
     t, _ = run(policy(budget=10), "timer_migration", optimiser=name)
-    assert t.result is not None and t.optimiser is not None and t.optimiser.name == name
+    assert t.result is not None and t.optimiser.name == name

@@ -10,7 +10,7 @@ import json
 import logging
 import shutil
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,9 @@ from polltuned.daemon.render import render_status
 from polltuned.daemon.statusdoc import build_status
 from polltuned.daemon.watch import Watcher, summarize
 from polltuned.daemon.wiring import build_daemon
-from polltuned.errors import PolicyError
+from polltuned.engine.actions import Action, Apply, Done
+from polltuned.engine.phases import Event, Phase, WindowKind
+from polltuned.errors import PolicyError, PolltunedError
 from polltuned.host.fs import FsHost
 from polltuned.host.netlink import (
     FileLinkEvents,
@@ -41,6 +43,7 @@ from polltuned.policy.loader import load_policy, policy_from_dict
 from polltuned.policy.schema import Policy
 from polltuned.probes.sim import make_fake_host_tree
 from polltuned.records import Config, KnobValue, Window
+from tests.engine_run import result_with
 from tests.test_knobs_faketree import make_tree, tree_values
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,36 +93,34 @@ def make_actuator(root: Path, state: Path, clock: FakeClock) -> Actuator:
                     clock=clock)
 
 
-@dataclass(frozen=True)
-class Result:
-    deployed: Mapping[str, KnobValue]
-
-
-@dataclass(frozen=True)
-class Ev:
-    phase: str
-    message: str = ""
-    trial: int | None = None
-
-
-class DeployingTuner:
+class DeployingEngine:
     """Deploys ``config`` through the actuator, as the engine does at the end of CONFIRM."""
 
     def __init__(self, act: Actuator, config: Mapping[str, KnobValue]) -> None:
         self.act, self.config = act, dict(config)
-        self._result: Result | None = None
+        self.events: list[Event] = []
+        self.deployed = False
 
-    def run(self) -> Iterator[Ev]:
+    def next_action(self) -> Action:
+        if self.deployed:
+            return Done(result_with(self.config))
         self.act.apply(self.config, reason="deploy")
-        yield Ev("APPLY", "deployed")
-        self._result = Result(self.config)
+        self.deployed = True
+        self.events.append(Event(Phase.APPLY, "deployed"))
+        return Apply({}, WindowKind.CONFIRM)
+
+    def observe(self, window: Window) -> None:
+        raise AssertionError("never asks for a window")
+
+    def apply_failed(self, error: PolltunedError) -> None:
+        raise AssertionError("SteadyEnv.apply never fails")
+
+    def drain_events(self) -> list[Event]:
+        out, self.events = self.events, []
+        return out
 
     def request_stop(self) -> None:
         pass
-
-    @property
-    def result(self) -> Result | None:
-        return self._result
 
 
 @dataclass
@@ -161,7 +162,7 @@ def _controller(root: Path, tmp: Path, config: Mapping[str, KnobValue], *, every
     watcher = Watcher(act, clock, open_events=(lambda: FileLinkEvents(host)) if events else None)
     env = SteadyEnv()
     c = Controller(policy=_policy(list(config), verify_every=every), actuator=act, env=env,
-                   make_tuner=lambda p, e: DeployingTuner(act, config), clock=clock, watcher=watcher)
+                   make_engine=lambda p, e: DeployingEngine(act, config), clock=clock, watcher=watcher)
     return c, act, env, watcher
 
 

@@ -114,9 +114,10 @@ def run(args: argparse.Namespace) -> int:
 def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, *, seed: int, clock: Clock,
              progress: TextIO | None = None) -> tuple[TuningResult | None, list[dict[str, object]]]:
     """Build Actuator + Journal + SimProbe + HostEnv on a fake tree (the engine's one builder) and
-    run the Tuner."""
-    from polltuned.engine.builder import build_actuator, build_env, build_tuner, prepare_policy
-    from polltuned.engine.phases import Phase
+    drive the engine."""
+    from polltuned.engine.builder import build_actuator, build_engine, build_env, prepare_policy
+    from polltuned.engine.driver import drive
+    from polltuned.engine.phases import Event, Phase
     from polltuned.host.fs import FsHost
     from polltuned.policy.schema import SimProbe as SimProbeConfig
     from polltuned.probes.sim import SimProbe, make_fake_host_tree
@@ -138,16 +139,19 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
         if progress is not None:
             print(f"knob {key} dropped: {why}", file=progress)
     env = build_env(pol, actuator, probe, clk)
-    tuner = build_tuner(pol, env, Study.open(state_dir, pol), clk, dropped=dropped)
+    engine = build_engine(pol, env, Study.open(state_dir, pol), clk, dropped=dropped)
     events: list[dict[str, object]] = []
+
+    def on_event(ev: Event) -> None:
+        events.append(ev.to_json())
+        if progress is not None and ev.phase in (Phase.BASELINE, Phase.SCORE, Phase.ROLLBACK, Phase.CONFIRM,
+                                                 Phase.RESUME, Phase.OBSERVE, Phase.DONE):
+            print(f"[{ev.phase}] {ev.message}", file=progress)
+
     try:
-        for ev in tuner.run():
-            events.append(ev.to_json())
-            if progress is not None and ev.phase in (Phase.BASELINE, Phase.SCORE, Phase.ROLLBACK, Phase.CONFIRM,
-                                                     Phase.RESUME, Phase.OBSERVE, Phase.DONE):
-                print(f"[{ev.phase}] {ev.message}", file=progress)
+        result = drive(engine, env, on_event=on_event)
     finally:
         close = getattr(journal, "close", None)
         if callable(close):
             close()
-    return tuner.result, events
+    return result, events

@@ -5,11 +5,14 @@
                                                                                    ROLLBACK    drift: re-tune
 
 A reload (SIGHUP) is accepted in every phase and never ends the daemon: a tuning round in progress
-ends safely (the tuner puts its baseline back), HOLD stops watching, and a new round starts with
+ends safely (the engine puts its baseline back), HOLD stops watching, and a new round starts with
 the new policy (RELOAD). Knobs the new policy no longer names go back to their originals first.
 
 The search phases (BASELINE … CONFIRM, RESUME, OBSERVE) are the tuning engine's
-(polltuned.engine.tuner.Tuner): the controller drives its typed events directly (one Phase enum).
+(polltuned.engine.core.Engine). The controller drives it step by step — ``next_action()``, then
+the Apply or Measure against the env, then ``observe``/``apply_failed`` — and relays its typed
+events (one Phase enum; guard events recognised by their EventKind), so between any two steps it
+can publish status, ping the watchdog and act on a stop or a reload.
 The controller adds RECOVER (journal replay and repair before
 anything else), HOLD (watch the workload, re-tune on drift, warm-started) and the exit path
 (ROLLBACK to the baselines, or keep the deployed configuration, as the policy's on_exit says).
@@ -27,11 +30,12 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from polltuned.clock import Clock
+from polltuned.engine.actions import Action, Apply, Done, Measure
 from polltuned.engine.env import TrialEnv
-from polltuned.engine.phases import Event, Phase
+from polltuned.engine.phases import Event, EventKind, Phase
 from polltuned.engine.session import TuningResult
 from polltuned.errors import PolltunedError
 from polltuned.policy.schema import Policy
@@ -46,26 +50,34 @@ STOPPED = Phase.STOPPED
 IDLE = Phase.IDLE
 RELOAD = Phase.RELOAD
 
+#: the window index of HOLD window 0 (the daemon's HOLD windows are numbered apart from the round's)
+HOLD_INDEX_BASE = 10_000
+#: events the controller lists as guard events in status (a trial aborted or an apply failed and
+#: the baseline went back; the workload shifted under the search)
+GUARD_KINDS = frozenset({EventKind.GUARD, EventKind.SHIFT})
 
-class TunerLike(Protocol):
-    def run(self) -> Iterator[Event]: ...
+
+class EngineLike(Protocol):
+    """polltuned.engine.core.Engine as the controller drives it (tests substitute a fake)."""
+
+    def next_action(self) -> Action: ...
+    def observe(self, window: Window) -> None: ...
+    def apply_failed(self, error: PolltunedError) -> None: ...
+    def drain_events(self) -> list[Event]: ...
     def request_stop(self) -> None: ...
-    @property
-    def result(self) -> TuningResult | None: ...
 
 
 class ActuatorLike(Protocol):
-    def read(self, keys: Any) -> dict[str, KnobValue]: ...
-    def rollback(self) -> Any: ...
+    def read(self, keys: Sequence[str]) -> Mapping[str, KnobValue]: ...
+    def rollback(self) -> object: ...
     def is_dirty(self) -> bool: ...
-    def managed(self) -> Any: ...
 
 
 class WatcherLike(Protocol):
     """polltuned.daemon.watch.Watcher: verifies the deployed knobs in HOLD (link events, every
     ``hold.verify_every`` windows) and re-applies / releases / reports per knob."""
 
-    def step(self, *, window: int | None, every: int, deployed: Mapping[str, KnobValue]) -> Any: ...
+    def step(self, *, window: int | None, every: int, deployed: Mapping[str, KnobValue]) -> object: ...
 
 
 class WorkloadMeter(Protocol):
@@ -75,7 +87,8 @@ class WorkloadMeter(Protocol):
     def end(self) -> Mapping[str, float]: ...
 
 
-TunerFactory = Callable[[Policy, TrialEnv], TunerLike]
+#: builds the engine of one tuning round for (policy, env)
+EngineFactory = Callable[[Policy, TrialEnv], EngineLike]
 
 
 @dataclass
@@ -121,7 +134,7 @@ class Controller:
         policy: Policy,
         actuator: ActuatorLike,
         env: TrialEnv,
-        make_tuner: TunerFactory,
+        make_engine: EngineFactory,
         clock: Clock,
         meter: WorkloadMeter | None = None,
         max_rounds: int | None = None,
@@ -137,7 +150,7 @@ class Controller:
         self.policy = policy
         self.actuator = actuator
         self.env = env
-        self.make_tuner = make_tuner
+        self.make_engine = make_engine
         self.clock = clock
         self.meter = meter
         self.max_rounds = max_rounds
@@ -145,22 +158,23 @@ class Controller:
         self.message = ""
         self.trial: int | None = None
         self.round = 0
-        self.events: deque[dict[str, Any]] = deque(maxlen=50)
-        self.guard_events: deque[dict[str, Any]] = deque(maxlen=10)
+        self.events: deque[dict[str, object]] = deque(maxlen=50)
+        self.guard_events: deque[dict[str, object]] = deque(maxlen=10)
         self.guard_aborts = 0   # every guard event since start (guard_events keeps the last 10)
-        self.result: Any = None
-        self.recovery: dict[str, Any] = {}
-        self.hold: dict[str, Any] = {}
-        self.reloads: deque[dict[str, Any]] = deque(maxlen=10)
-        self._tuner: TunerLike | None = None
+        #: the last finished round's result (None before the first one ends)
+        self.result: TuningResult | None = None
+        self.recovery: dict[str, object] = {}
+        self.hold: dict[str, object] = {}
+        self.reloads: deque[dict[str, object]] = deque(maxlen=10)
+        self._engine: EngineLike | None = None
         self._stop = False
         self._pending_policy: Policy | None = None
 
     # ---- requests from the service (signal handlers set flags; acted on between steps) ----
     def request_stop(self) -> None:
         self._stop = True
-        if self._tuner is not None:
-            self._tuner.request_stop()
+        if self._engine is not None:
+            self._engine.request_stop()
 
     def request_reload(self, policy: Policy) -> None:
         """Re-tune with ``policy``, from any phase: the running round (if any) ends safely first.
@@ -171,8 +185,8 @@ class Controller:
         self._pending_policy = policy
         self.reloads.append({"t": self.clock.wall(), "outcome": "accepted", "policy": policy.name,
                              "phase": self.phase})
-        if self._tuner is not None:
-            self._tuner.request_stop()
+        if self._engine is not None:
+            self._engine.request_stop()
 
     def reload_refused(self, message: str) -> None:
         """The service could not load the new configuration: the current policy keeps running."""
@@ -197,19 +211,19 @@ class Controller:
         log.info("%s%s", phase, f": {message}" if message else "",
                  extra={"phase": phase, "trial": trial, "policy": self.policy.name})
 
-    def recover(self) -> dict[str, Any]:
+    def recover(self) -> dict[str, object]:
         """Replay the journal and repair: a dirty host (crash, kill -9) goes back to its baselines.
 
         Exception: the previous daemon exited cleanly with on_exit = keep (``kept``): its deployed
         values stay and tuning continues from them (the journal still holds the originals)."""
         dirty = self.actuator.is_dirty()
-        info: dict[str, Any] = {"dirty_at_start": dirty, "kept_by_previous_run": self.kept}
+        info: dict[str, object] = {"dirty_at_start": dirty, "kept_by_previous_run": self.kept}
         if dirty and self.kept:
             log.info("previous run kept its deployed configuration (on_exit = keep); continuing from it",
                      extra={"phase": RECOVER})
         elif dirty:
             report = self.actuator.rollback()
-            info["rollback"] = _jsonable(report)
+            info["rollback"] = report   # made JSON by the status document (polltuned.daemon.statusdoc)
             log.warning("journal shows knobs left by an earlier run; restored their original values",
                         extra={"phase": RECOVER})
         if self.kept:
@@ -275,20 +289,41 @@ class Controller:
         yield self.phase
 
     def _tune_round(self) -> Iterator[str]:
-        tuner = self.make_tuner(self.policy, self.env)
-        self._tuner = tuner
+        """One round: drive the engine until it is done (its result becomes ``self.result``)."""
+        engine = self.make_engine(self.policy, self.env)
+        self._engine = engine
         if self._stop:
-            tuner.request_stop()
+            engine.request_stop()
         try:
-            for ev in tuner.run():
-                self._set(ev.phase, ev.message, ev.trial)
-                if ev.phase is Phase.ROLLBACK or "guard" in ev.message.lower():
-                    self.guard_events.append({"t": self.clock.wall(), "trial": ev.trial, "message": ev.message})
-                    self.guard_aborts += 1
-                yield self.phase
+            while True:
+                action = engine.next_action()
+                yield from self._relay(engine.drain_events())
+                if isinstance(action, Done):
+                    self.result = action.result
+                    return
+                self._perform(engine, action)
         finally:
-            self._tuner = None
-        self.result = tuner.result
+            self._engine = None
+
+    def _relay(self, events: list[Event]) -> Iterator[str]:
+        """Publish the engine's events as the controller's phase (one step each)."""
+        for ev in events:
+            self._set(ev.phase, ev.message, ev.trial)
+            if ev.kind in GUARD_KINDS:
+                self.guard_events.append({"t": self.clock.wall(), "trial": ev.trial, "message": ev.message})
+                self.guard_aborts += 1
+            yield self.phase
+
+    def _perform(self, engine: EngineLike, action: Apply | Measure) -> None:
+        """Carry out the engine's action against the env and hand the outcome back. An apply that
+        raises left the host unchanged (the actuator is transactional): the engine is told so."""
+        if isinstance(action, Apply):
+            try:
+                self.env.apply(action.config)
+            except PolltunedError as e:
+                engine.apply_failed(e)
+            return
+        engine.observe(self.env.measure(action.index))
 
     def _hold(self) -> Generator[str, None, bool]:
         """Watch the deployed configuration; return True to re-tune on sustained drift."""
@@ -299,34 +334,12 @@ class Controller:
         yield self.phase
         i = 0
         usable = 0
-        bv = getattr(self.result, "baseline_value", None)
-        no_baseline = self.result is None or (isinstance(bv, float) and not math.isfinite(bv))
+        no_baseline = self.result is None or not math.isfinite(self.result.baseline_value)
         while not self._stop and self._pending_policy is None:
-            # sleep in slices so the service can ping the watchdog and react to signals
-            remaining = hp.interval_s
-            while remaining > 0 and not self._stop and self._pending_policy is None:
-                step = min(remaining, 1.0)
-                self.clock.sleep(step)
-                remaining -= step
-                self._watch(None)   # a link event on a managed device: verify at once
-                yield self.phase
+            yield from self._sleep_interval()
             if self._stop or self._pending_policy is not None:
                 break
-            signals: dict[str, float] = {}
-            if self.meter is not None:
-                try:
-                    self.meter.begin()
-                except PolltunedError as e:
-                    log.warning("HOLD: counters unavailable: %s", e.message)
-            try:
-                w: Window = self.env.measure(10_000 + i)
-            except PolltunedError as e:
-                w = Window.failed(e.message)
-            if self.meter is not None:
-                try:
-                    signals.update(self.meter.end())
-                except PolltunedError as e:
-                    log.warning("HOLD: counters unavailable: %s", e.message)
+            w, signals = self._hold_window(i)
             i += 1
             self._watch(i)          # every hold.verify_every windows
             if no_baseline and w.ok:
@@ -336,17 +349,9 @@ class Controller:
                     self._set(HOLD, f"probe works again for {usable} windows: tuning (the last round had no baseline)")
                     yield self.phase
                     return True
-            stat = w.stat(self.policy.objective.statistic) if w.ok else None
-            if stat is not None:
-                signals["latency_us"] = stat
             drift = det.observe(signals)
-            self.hold = {
-                "windows": i,
-                "drift_streak": det.streak,
-                "last_window": w.to_json(),
-                "relative_change": det.last,
-                "signals": signals,
-            }
+            self.hold = {"windows": i, "drift_streak": det.streak, "last_window": w.to_json(),
+                         "relative_change": det.last, "signals": signals}
             self._set(HOLD, f"window {i}: " + (
                 ", ".join(f"{k} {v:+.0%}" for k, v in det.last.items()) if det.last else "collecting reference"))
             yield self.phase
@@ -360,11 +365,44 @@ class Controller:
             return True
         return False
 
+    def _sleep_interval(self) -> Iterator[str]:
+        """Sleep one hold interval in slices of at most 1 s, so the service can ping the watchdog
+        and react to signals, and a link event on a managed device is verified at once."""
+        remaining = self.policy.hold.interval_s
+        while remaining > 0 and not self._stop and self._pending_policy is None:
+            step = min(remaining, 1.0)
+            self.clock.sleep(step)
+            remaining -= step
+            self._watch(None)
+            yield self.phase
+
+    def _hold_window(self, i: int) -> tuple[Window, dict[str, float]]:
+        """HOLD window ``i`` under the deployed configuration, with the counters' workload signals
+        over it and the objective's latency statistic (``latency_us``)."""
+        signals: dict[str, float] = {}
+        if self.meter is not None:
+            try:
+                self.meter.begin()
+            except PolltunedError as e:
+                log.warning("HOLD: counters unavailable: %s", e.message)
+        try:
+            w = self.env.measure(HOLD_INDEX_BASE + i)
+        except PolltunedError as e:
+            w = Window.failed(e.message)
+        if self.meter is not None:
+            try:
+                signals.update(self.meter.end())
+            except PolltunedError as e:
+                log.warning("HOLD: counters unavailable: %s", e.message)
+        stat = w.stat(self.policy.objective.statistic) if w.ok else None
+        if stat is not None:
+            signals["latency_us"] = stat
+        return w, signals
+
     def _watch(self, window: int | None) -> None:
         if self.watcher is not None:
-            deployed = getattr(self.result, "deployed", None)
-            self.watcher.step(window=window, every=self.policy.hold.verify_every,
-                              deployed=deployed if isinstance(deployed, Mapping) else {})
+            deployed = self.result.deployed if self.result is not None else {}
+            self.watcher.step(window=window, every=self.policy.hold.verify_every, deployed=deployed)
 
     def _exit_steps(self) -> Iterator[str]:
         if self.policy.on_exit == "restore":
@@ -380,15 +418,3 @@ class Controller:
             self._set(STOPPED, "stopped; deployed configuration kept (on_exit = keep)")
         yield self.phase
 
-
-def _jsonable(obj: Any) -> Any:
-    if obj is None or isinstance(obj, (str, int, float, bool)):
-        return obj
-    to_json = getattr(obj, "to_json", None)
-    if callable(to_json):
-        return to_json()
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, Sequence):
-        return [_jsonable(v) for v in obj]
-    return str(obj)

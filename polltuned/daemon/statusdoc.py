@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from polltuned.daemon.controller import Controller, _jsonable
+from polltuned.daemon.controller import Controller
 from polltuned.daemon.wiring import Daemon
 from polltuned.errors import PolltunedError
 
@@ -125,3 +127,20 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
             rec = recommend_vhost_poll_us(bp)
             doc["recommendations"] = {"qemu -netdev tap,poll-us": {"value": rec.poll_us, "why": rec.reason}}
     return _jsonable(doc)  # type: ignore[no-any-return]
+
+
+def _jsonable(obj: Any) -> Any:
+    """``obj`` as JSON data: records with ``to_json``, dataclasses (the recovery's rollback report),
+    mappings and sequences, anything else as text."""
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    to_json = getattr(obj, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, Sequence):
+        return [_jsonable(v) for v in obj]
+    return str(obj)

@@ -1,7 +1,7 @@
 """Builds the daemon from its configuration: the one place where every part is constructed.
 
 host (FsHost at --host-root) -> journal + actuator -> probe (policy) -> sampler (counters)
--> HostEnv -> Tuner factory (Study per policy: resume + warm start) -> Watcher (HOLD verification,
+-> HostEnv -> engine factory (Study per policy: resume + warm start) -> Watcher (HOLD verification,
 link events) -> Controller -> Service.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from polltuned.actuator import Actuator
 from polltuned.clock import Clock
-from polltuned.daemon.controller import Controller, TunerLike
+from polltuned.daemon.controller import Controller, EngineLike
 from polltuned.daemon.watch import Watcher
 from polltuned.engine.env import TrialEnv
 from polltuned.errors import PolltunedError
@@ -181,7 +181,7 @@ def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, co
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,
                  max_rounds: int | None = None, observe: bool = False,
                  study: StudyConfig | None = None) -> Daemon:
-    from polltuned.engine.builder import build_actuator, build_tuner, prepare_policy
+    from polltuned.engine.builder import build_actuator, build_engine, prepare_policy
     from polltuned.host.identity import host_fingerprint
     from polltuned.study.select import open_for_host
 
@@ -195,7 +195,7 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
     built: dict[str, TrialEnv] = {policy.model_dump_json(): env}
     rounds = {"n": 0}
 
-    def make_tuner(pol: Policy, _env: TrialEnv) -> TunerLike:
+    def make_engine(pol: Policy, _env: TrialEnv) -> EngineLike:
         key = pol.model_dump_json()
         if key not in built:
             built.clear()
@@ -206,14 +206,14 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
             daemon.study.close()
         daemon.study = open_for_host(study, sd, pol, host, clock=clock)
         # the first round of a run may re-apply a confirmed deployment instead of searching again
-        return build_tuner(pol, built[key], daemon.study, clock,
-                           host_fingerprint=host_fingerprint(host, pol.nic), resume=rounds["n"] == 1,
-                           observe=observe, dropped=daemon.dropped_knobs)
+        return build_engine(pol, built[key], daemon.study, clock,
+                            host_fingerprint=host_fingerprint(host, pol.nic), resume=rounds["n"] == 1,
+                            observe=observe, dropped=daemon.dropped_knobs)
 
     from polltuned.host.netlink import open_link_events
 
     watcher = Watcher(actuator, clock, open_events=lambda: open_link_events(host))
-    controller = Controller(policy=policy, actuator=actuator, env=env, make_tuner=make_tuner, clock=clock,
+    controller = Controller(policy=policy, actuator=actuator, env=env, make_engine=make_engine, clock=clock,
                             meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds,
                             watcher=watcher)
     daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped, windows, watcher=watcher)

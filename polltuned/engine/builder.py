@@ -4,7 +4,7 @@ through these functions, so they tune the same engine over the same parts.
     policy --prepare_policy--> (knobs this host has and this probe can see)
     host + state dir --build_actuator--> journal + actuator (with the policy's app_cpus)
     actuator + probe --build_env--> HostEnv
-    env + study --build_tuner--> Tuner
+    current values + study --build_engine--> Engine (driven by engine.driver.drive or the controller)
 
 ``prepare_policy`` is where knob semantics meet the probe (polltuned.knobs.keys.Effect): a knob
 that only acts on sockets created afterwards (``net.core.busy_read``) is dropped, with its reason,
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from polltuned.clock import Clock
-from polltuned.engine.env import CpuSampler, CpuScopeLike, HostEnv
-from polltuned.engine.tuner import Tuner
+from polltuned.engine.core import Engine
+from polltuned.engine.env import CpuSampler, CpuScopeLike, HostEnv, TrialEnv
 from polltuned.knobs.keys import Effect
 from polltuned.optimiser import Optimiser
 from polltuned.policy.schema import Policy
@@ -100,8 +100,9 @@ def build_env(policy: Policy, actuator: Any, probe: Probe, clock: Clock, *,
     return HostEnv(policy, actuator, probe, clock=clock, sampler=sampler, cpus=cpus, cpu_scope=cpu_scope)
 
 
-def build_tuner(policy: Policy, env: Any, store: Study, clock: Clock, *, optimiser: Optimiser | None = None,
-                host_fingerprint: str | None = None, resume: bool = False, observe: bool = False,
-                dropped: Mapping[str, str] | None = None) -> Tuner:
-    return Tuner(policy, env, store, clock=clock, optimiser=optimiser, host_fingerprint=host_fingerprint,
-                 resume=resume, observe=observe, dropped_knobs=dropped)
+def build_engine(policy: Policy, env: TrialEnv, store: Study, clock: Clock, *, optimiser: Optimiser | None = None,
+                 host_fingerprint: str | None = None, resume: bool = False, observe: bool = False,
+                 dropped: Mapping[str, str] | None = None) -> Engine:
+    """An engine for ``env``'s host: its current values are the session's baseline."""
+    return Engine(policy, store, current=env.current(), clock=clock, optimiser=optimiser,
+                  host_fingerprint=host_fingerprint, resume=resume, observe=observe, dropped_knobs=dropped)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from polltuned.engine.phases import Phase, WindowKind
 from polltuned.engine.reference import ReferenceSeries
+from polltuned.optimiser import Optimiser
 from polltuned.records import KnobValue
 from polltuned.safety import Verdict
+from polltuned.study.base import SessionLog
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class WindowObs:
     reference: bool                  # a baseline window of the reference series
     aborted: bool = False            # broke the guard (told capped)
     infeasible: bool = False         # broke a constraint (told capped, + margin)
+    context: Mapping[str, float] = field(default_factory=dict)   # the load the window saw
 
 
 @dataclass
@@ -84,15 +89,27 @@ class Trace:
     """What the benchmark needs to score exploration: the config measured in each window, and the
     recommendation after each trial (keyed by windows used)."""
 
-    windows: list[tuple[str, dict[str, KnobValue]]] = field(default_factory=list)
+    windows: list[tuple[WindowKind, dict[str, KnobValue]]] = field(default_factory=list)
     recommendations: list[tuple[int, dict[str, KnobValue]]] = field(default_factory=list)
 
 
 @dataclass
 class SessionState:
+    """Everything one session knows: the engine keeps no state beside it (the phase handlers of
+    polltuned.engine.core read and write it, the phase field says which handler runs next)."""
+
     session: str
-    baseline: dict[str, KnobValue]
+    baseline: dict[str, KnobValue]   # the kernel's original values when the session started
     base_key: str
+    optimiser: Optimiser
+    mode: str = "search"             # search | resume | observe
+    phase: Phase = Phase.IDLE        # the next phase handler to run (IDLE: not started)
+    stop: bool = False               # a stop was requested (acted on between windows)
+    result: TuningResult | None = None
+    resume: bool = False             # check a confirmed deployment on record before searching
+    resumed: SessionLog | None = None  # the unfinished session this one continues (replayed at start)
+    index: int = 0                   # the next window's index (every window: budget, confirm, hold)
+    context: Mapping[str, float] = field(default_factory=dict)  # the load the last window saw
     refs: ReferenceSeries = field(default_factory=ReferenceSeries)
     obs: list[WindowObs] = field(default_factory=list)
     prior: list[tuple[dict[str, KnobValue], float]] = field(default_factory=list)

@@ -9,7 +9,9 @@ Records (every backend stores the same fields; the JSON-lines file writes them v
 
   session  {"session", "fingerprint", "policy", "seed", "started", "baseline": {knob: value},
             "host": host fingerprint (optional), "mode": "search"|"resume"|"observe"}
-  window   {"session", "trial", "phase": "baseline"|"trial"|"confirm"|"resume", "config", "index",
+  window   {"session", "trial" (None outside trials), "phase": the window's kind (polltuned.engine.phases
+            .WindowKind: "reference"|"trial"|"repeat"|"confirm"|"resume"|"hold"|…; files written
+            before kinds existed say "baseline" for a reference window), "config", "index",
             "status": "ok"|"failed"|"aborted"|"infeasible", "value", "y", "ratio": true, "score",
             "histogram" (optional: the window's latency histogram, polltuned.histogram's compressed
             HdrHistogram text; absent in older studies)}
@@ -87,7 +89,7 @@ def finite(x: Any) -> float | None:
 
 @dataclass(frozen=True)
 class WindowRecord:
-    trial: int
+    trial: int | None                # the trial's number (None: not a trial's window)
     phase: str
     config: dict[str, KnobValue]
     status: str
@@ -257,4 +259,4 @@ def shareable(w: WindowRecord) -> bool:
     reference window stored as a log-ratio; measured (ok, or aborted by the guard: told capped)."""
     if w.y is None or w.status not in ("ok", "aborted"):
         return False
-    return w.phase == "trial" or (w.phase == "baseline" and w.ratio)
+    return w.phase in ("trial", "repeat") or (w.phase in ("reference", "baseline") and w.ratio)

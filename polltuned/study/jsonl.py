@@ -44,7 +44,9 @@ def iter_records(text: str, source: str = "<study>") -> Iterator[dict[str, Any]]
 
 def window_from(rec: dict[str, Any]) -> WindowRecord:
     y, v, ix, sc, h = rec.get("y"), rec.get("value"), rec.get("index"), rec.get("score"), rec.get("histogram")
-    return WindowRecord(int(rec.get("trial", -1)), str(rec.get("phase")), dict(rec.get("config") or {}),
+    tr = rec.get("trial")
+    return WindowRecord(None if tr is None or int(tr) < 0 else int(tr), str(rec.get("phase")),
+                        dict(rec.get("config") or {}),
                         str(rec.get("status")), None if y is None else float(y), None if v is None else float(v),
                         None if ix is None else int(ix), bool(rec.get("ratio", False)),
                         dict(sc) if isinstance(sc, dict) else None, h if isinstance(h, str) and h else None)

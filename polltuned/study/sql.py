@@ -210,7 +210,7 @@ class SqlStudy(Study):
             self._exec(
                 "INSERT INTO pt_window (session, trial, phase, config, idx, status, value, y, ratio, score) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (sid, -1 if tr is None else int(tr), str(rec.get("phase")), dumps(dict(rec.get("config") or {})),
+                (sid, None if tr is None else int(tr), str(rec.get("phase")), dumps(dict(rec.get("config") or {})),
                  None if ix is None else int(ix), str(rec.get("status")), finite(rec.get("value")),
                  finite(rec.get("y")), 1 if rec.get("ratio") else 0,
                  None if rec.get("score") is None else dumps(rec.get("score"))))
@@ -251,7 +251,8 @@ class SqlStudy(Study):
             if s is None:
                 continue
             sc = json.loads(score) if score else None
-            s.windows.append(WindowRecord(int(trial), str(phase), json.loads(cfg), str(status),
+            no = None if trial is None or int(trial) < 0 else int(trial)   # old files: -1/-2/-3 outside trials
+            s.windows.append(WindowRecord(no, str(phase), json.loads(cfg), str(status),
                                           None if y is None else float(y), None if value is None else float(value),
                                           None if idx is None else int(idx), bool(ratio),
                                           sc if isinstance(sc, dict) else None,

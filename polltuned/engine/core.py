@@ -1,0 +1,707 @@
+"""The tuning engine: an ask/tell state machine over a typed :class:`SessionState`.
+
+    IDLE -> (RESUME) -> BASELINE -> PROPOSE (search: trials and references) -> CONFIRM -> DONE
+    IDLE -> BASELINE -> OBSERVE -> DONE            (observe mode: list what would be tried)
+
+The engine never touches the world. Its driver (``drive`` below, or the daemon's controller) asks
+``next_action()`` and gets an :class:`Apply` (write this configuration; on failure call
+``apply_failed``), a :class:`Measure` (measure one window, hand it to ``observe``) or
+:class:`Done`. Between actions the driver drains the events (status, progress) and may call
+``request_stop()``.
+
+How the phases are sequenced: ``state.phase`` names the next phase handler; each handler is a
+short generator that yields the actions of its phase, receives their outcomes (None = applied, a
+PolltunedError = not applied, a Window = measured) and returns the next phase. ``_run`` is the
+only loop: it looks the handler up in a table and runs it. So the phase a session is in, and
+everything it knows, is in ``state``; the handlers' local variables only hold the windows of the
+phase in progress (a trial's visit, a confirmation's pairs).
+
+Rules it keeps:
+
+* **measure through drift**: the baseline is measured first (two reference windows) and again
+  after every few trial windows (``R R T T T R T T T R …``; every 2 to 6, as often as the measured
+  drift demands: ``ReferenceSeries.interval``); every window is told to the optimiser as its
+  log-ratio to the baseline level at its time (polltuned.engine.reference), and the told values are
+  revised when the next reference arrives. The budget counts every window
+  (references, trials, repeats); confirmation windows are extra;
+* **more windows where the noise demands it**: a trial gets another window (REPEAT, with its own
+  reference when one is due) while its mean log-ratio is within one standard error of beating the
+  incumbent by ``MIN_GAIN`` without having shown it — the rule is
+  ``mean - se < inc - MIN_GAIN < mean + se`` with ``se = noise x sqrt(1 + 1/m) / sqrt(n)`` and the
+  noise estimated from the reference windows — up to ``MAX_WINDOWS_PER_VISIT`` windows;
+* the optimiser runs only between windows, never during one; every call passes the window's load
+  context (``Window.context``);
+* **guard**: a trial whose first window is worse than its reference level by more than
+  ``guard.max_regression`` *beyond the window noise* (``objective.guard_limit``), or breaks a
+  constraint, is aborted, told as a capped bad number, and the baseline is put back (a GUARD
+  event); a failed window is recorded as failed and never told as a number;
+* a workload shift (the references jump, ``ReferenceSeries.shift``) restarts the search on the new
+  workload (a SHIFT event): observations from before it are no longer told;
+* the final pick is the optimiser's recommendation, simplified, re-measured against the baseline
+  interleaved A/B/A/B; it is deployed only when the gain is significant and at least
+  ``confirm.min_effect``; otherwise the baseline stays and the verdict says why;
+* every window is appended to the Study with its kind; a restart resumes the unfinished session;
+  a start with a confirmed deployment on record for the same policy and host (``resume=True``)
+  re-applies it and checks it with a short interleaved comparison instead of searching again.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import TypeVar
+
+from polltuned.clock import Clock
+from polltuned.engine.actions import Action, Apply, Done, Measure
+from polltuned.engine.phases import Event, EventKind, Phase, WindowKind, window_kind
+from polltuned.engine.session import SessionState, Trace, TrialRecord, TuningResult, WindowObs
+from polltuned.errors import PolltunedError, UsageError
+from polltuned.objective import Score, guard_limit, model_value, penalised, score
+from polltuned.optimiser import Optimiser, make_optimiser
+from polltuned.optimiser.space import Space
+from polltuned.policy.schema import Policy
+from polltuned.records import KnobValue, Window
+from polltuned.safety import Verdict, confirm_verdict
+from polltuned.study import Study
+from polltuned.study.base import SessionLog
+
+BASELINE_WINDOWS = 2
+MAX_FAILED_BASELINE = 3
+MAX_CONSECUTIVE_FAILURES = 5
+MAX_WINDOWS_PER_VISIT = 2
+MIN_GAIN = 0.02
+RESUME_PAIRS = 2
+
+T = TypeVar("T")
+#: what the driver sends back into a phase handler: None (applied), the error (not applied), a window
+Reply = Window | PolltunedError | None
+#: a phase handler (or a part of one): yields actions, receives their outcomes, returns ``T``
+Steps = Generator[Apply | Measure, Reply, T]
+
+
+class EngineMisuse(UsageError):
+    """The driver broke the ask/tell protocol (e.g. asked again without observing the window)."""
+
+    code = "engine-misuse"
+
+
+class Engine:
+    """One tuning session. ``current`` is what the host has now (the session's baseline unless an
+    unfinished session is resumed from ``store``)."""
+
+    def __init__(self, policy: Policy, store: Study, *, current: Mapping[str, KnobValue], clock: Clock,
+                 optimiser: Optimiser | None = None, host_fingerprint: str | None = None,
+                 resume: bool = False, observe: bool = False,
+                 dropped_knobs: Mapping[str, str] | None = None, fresh_shared: bool = False) -> None:
+        self.policy = policy
+        self.store = store
+        self.clock = clock
+        self.space = Space.from_policy(policy)
+        self.host_fingerprint = host_fingerprint
+        self.dropped_knobs = dict(dropped_knobs or {})
+        #: fleet experiment (benchmarks/fleet.py --fresh-shared): re-read the class's observations at
+        #: every re-tell, not only at proposals
+        self.fresh_shared = fresh_shared
+        self.trace = Trace()
+        self.state = self._open(current, optimiser, resume=resume, observe=observe or policy.mode == "observe")
+        self._events: list[Event] = []
+        self._steps = self._run()
+        self._pending: Apply | Measure | None = None
+        self._reply: Reply = None
+        self._started = False
+
+    def _open(self, current: Mapping[str, KnobValue], optimiser: Optimiser | None, *, resume: bool,
+              observe: bool) -> SessionState:
+        """The session's state: the unfinished session on record continues (its baseline), or a new
+        one starts from ``current``. Nothing is written yet (the IDLE handler does)."""
+        pol, keys = self.policy, self.space.keys
+        resumed = None if observe else self.store.resumable()
+        src = resumed.baseline if resumed is not None else current
+        base = {k: src[k] for k in keys if k in src}
+        opt = optimiser if optimiser is not None else make_optimiser(
+            pol.tuning.optimiser, self.space, base, seed=pol.tuning.seed, initial_points=pol.tuning.initial_points,
+            safety_limit=math.log(1.0 + pol.guard.max_regression))
+        sid = resumed.session if resumed is not None else uuid.uuid4().hex[:12]
+        st = SessionState(sid, base, self.space.key_of(base), opt, mode="observe" if observe else "search",
+                          resume=resume and not observe and resumed is None, resumed=resumed)
+        st.best_known = dict(base)
+        return st
+
+    # ------------------------------------------------------------------ the ask/tell API
+    def next_action(self) -> Action:
+        """The next thing to do. After an Apply, calling this again means it was applied."""
+        if isinstance(self._pending, Measure):
+            raise EngineMisuse(f"window {self._pending.index} was asked for but never observed")
+        reply, self._reply, self._pending = self._reply, None, None
+        try:
+            act = self._steps.send(reply) if self._started else next(self._steps)
+        except StopIteration:
+            return self._done()
+        self._started = True
+        self._pending = act
+        return act
+
+    def observe(self, window: Window) -> None:
+        """The window measured for the last Measure."""
+        if not isinstance(self._pending, Measure):
+            raise EngineMisuse("observe() without a Measure to answer")
+        self._pending, self._reply = None, window
+
+    def apply_failed(self, error: PolltunedError) -> None:
+        """The last Apply raised ``error`` (the host is unchanged)."""
+        if not isinstance(self._pending, Apply):
+            raise EngineMisuse("apply_failed() without an Apply to answer")
+        self._pending, self._reply = None, error
+
+    def drain_events(self) -> list[Event]:
+        out, self._events = self._events, []
+        return out
+
+    def request_stop(self) -> None:
+        self.state.stop = True
+
+    @property
+    def result(self) -> TuningResult | None:
+        return self.state.result
+
+    @property
+    def optimiser(self) -> Optimiser:
+        return self.state.optimiser
+
+    def retell(self) -> None:
+        """Re-tell the model every observation with its current reference level (public for the
+        fleet experiment, which re-reads the class's observations before each recommendation)."""
+        self._retell(self.state)
+
+    def _done(self) -> Done:
+        if self.state.result is None:
+            raise EngineMisuse("the session ended without a result")
+        return Done(self.state.result)
+
+    # ------------------------------------------------------------------ sequencing
+    def _run(self) -> Steps[None]:
+        handlers: dict[Phase, Callable[[], Steps[Phase]]] = {
+            Phase.IDLE: self._start, Phase.RESUME: self._resume, Phase.BASELINE: self._baseline,
+            Phase.OBSERVE: self._observe, Phase.PROPOSE: self._search, Phase.CONFIRM: self._conclude,
+        }
+        while self.state.phase is not Phase.DONE:
+            self.state.phase = yield from handlers[self.state.phase]()
+
+    def _emit(self, phase: Phase, message: str, *, kind: EventKind = EventKind.PHASE, trial: int | None = None,
+              window: int | None = None, value: float | None = None) -> None:
+        self._events.append(Event(phase, message, trial=trial, window=window, value=value, kind=kind))
+
+    def _apply(self, cfg: Mapping[str, KnobValue], kind: WindowKind, reason: str = "") -> Steps[PolltunedError | None]:
+        reply = yield Apply(dict(cfg), kind, reason)
+        return reply if isinstance(reply, PolltunedError) else None
+
+    def _measure(self, kind: WindowKind, trial: int | None = None, *, at: int | None = None
+                 ) -> Steps[tuple[int, Window]]:
+        """One window at index ``at`` (the budget windows: their count so far, the reference series'
+        time axis) or at the next index of the state's window clock (confirmation, hold)."""
+        idx = self.state.index if at is None else at
+        self.state.index = max(self.state.index, idx + 1)
+        reply = yield Measure(idx, kind, trial)
+        if not isinstance(reply, Window):
+            raise EngineMisuse(f"window {idx}: expected a Window, got {type(reply).__name__}")
+        self.state.context = dict(reply.context)
+        return idx, reply
+
+    def _put_back(self, cfg: Mapping[str, KnobValue], kind: WindowKind = WindowKind.REFERENCE) -> Steps[None]:
+        """Apply ``cfg``; a failure leaves the host unchanged and the daemon's rollback path handles it."""
+        yield from self._apply(cfg, kind, "put back")
+
+    # ------------------------------------------------------------------ IDLE: start / resume
+    def _start(self) -> Steps[Phase]:
+        st, pol = self.state, self.policy
+        yield from ()
+        if st.resumed is not None:
+            self._replay(st, st.resumed)
+            self._emit(Phase.BASELINE, f"resuming session {st.session}: {st.windows_used} windows already measured")
+            return Phase.BASELINE
+        self.store.append("session", session=st.session, fingerprint=self.store.fingerprint,
+                          policy=pol.name, seed=pol.tuning.seed, started=self.clock.wall(),
+                          baseline=st.baseline, host=self.host_fingerprint, mode=st.mode)
+        if pol.tuning.warm_start and st.mode != "observe":
+            st.prior = self.store.prior_observations(st.baseline)
+            if st.prior:
+                self._emit(Phase.BASELINE, f"warm start: {len(st.prior)} windows from earlier sessions "
+                                           "with the same baseline")
+        return Phase.RESUME if st.resume else Phase.BASELINE
+
+    def _replay(self, st: SessionState, log: SessionLog) -> None:
+        """Rebuild the references and observations of an unfinished session from its windows."""
+        for wr in log.windows:
+            kind = window_kind(wr.phase)
+            if wr.index is not None:
+                st.index = max(st.index, wr.index + 1)
+            if kind in (WindowKind.REFERENCE, WindowKind.TRIAL, WindowKind.REPEAT):
+                idx = wr.index if wr.index is not None else st.windows_used
+                st.windows_used = max(st.windows_used, idx + 1)
+                if wr.status in ("ok", "aborted") and wr.value is not None and wr.value > 0:
+                    ref = kind is WindowKind.REFERENCE
+                    if ref:
+                        st.refs.add(idx, math.log(wr.value))
+                    st.obs.append(WindowObs(idx, self.space.canonical(wr.config), math.log(wr.value), ref,
+                                            aborted=wr.status == "aborted"))
+                elif wr.status == "failed" and kind is not WindowKind.REFERENCE:
+                    st.optimiser.tell_failed(wr.config)
+            if wr.trial is not None and wr.trial >= 0:
+                st.trial_no = max(st.trial_no, wr.trial + 1)
+        self._retell(st)
+
+    def _resume(self) -> Steps[Phase]:
+        """A confirmed deployment on record for this policy and host: re-apply it and check it with
+        a short interleaved comparison (B A B A: the deployed values are measured first)."""
+        st = self.state
+        rec = self.store.confirmed_deployment(self.host_fingerprint)
+        if rec is None:
+            return Phase.BASELINE
+        old_base, deployed = rec
+        if self.space.key_of(old_base) != st.base_key:
+            self._emit(Phase.RESUME, "a confirmed configuration is on record, but the host's values differ "
+                                     "from the baseline it was confirmed against: searching again")
+            return Phase.BASELINE
+        cand = {**st.baseline, **{k: v for k, v in deployed.items() if k in st.baseline}}
+        self._emit(Phase.RESUME, "re-applying the confirmed configuration " + _fmt(cand, st.baseline))
+        a, b = yield from self._resume_pairs(cand)
+        if a is None:
+            return Phase.BASELINE
+        if st.stop:
+            yield from self._put_back(st.baseline)
+            self._finish(st, None, "stopped on request; baseline restored", stopped=True, mode="resume")
+            self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP)
+            return Phase.DONE
+        if a and b:
+            d = _mean_log(b) - _mean_log(a)
+            if d <= 0.0:
+                verdict = Verdict(tuple(a), tuple(b), 1 - math.exp(d), math.nan, math.nan, math.nan, False, True,
+                                  f"confirmed configuration re-applied; still {1 - math.exp(d):+.1%} vs "
+                                  f"baseline in a {RESUME_PAIRS}-pair check")
+                yield from self._put_back(cand, WindowKind.RESUME)
+                self._finish(st, verdict, "resumed: " + verdict.reason, deployed=cand, mode="resume")
+                self._emit(Phase.DONE, self._reason(), kind=EventKind.DEPLOY)
+                return Phase.DONE
+            self._emit(Phase.RESUME, f"the confirmed configuration is {math.exp(d) - 1:+.1%} vs baseline now: "
+                                     "searching again")
+        else:
+            self._emit(Phase.RESUME, "the short check had no usable windows: searching again")
+        yield from self._put_back(st.baseline)
+        return Phase.BASELINE
+
+    def _resume_pairs(self, cand: dict[str, KnobValue]) -> Steps[tuple[list[float] | None, list[float]]]:
+        """RESUME_PAIRS pairs (deployed, baseline); (None, []) when the deployment could not be applied."""
+        st = self.state
+        a: list[float] = []
+        b: list[float] = []
+        for _ in range(RESUME_PAIRS):
+            for arm, cfg in (("B", cand), ("A", st.baseline)):
+                if st.stop:
+                    break
+                err = yield from self._apply(cfg, WindowKind.RESUME)
+                if err is not None:
+                    self._emit(Phase.RESUME, f"could not re-apply it ({err.message}): searching again")
+                    yield from self._put_back(st.baseline)
+                    return None, []
+                idx, w = yield from self._measure(WindowKind.RESUME, at=st.windows_used)
+                s = score(w, self.policy.objective)
+                self._log_window(st, None, WindowKind.RESUME, cfg, idx, s, None, hist=w.histogram)
+                st.windows_used += 1
+                self.trace.windows.append((WindowKind.RESUME, dict(cfg)))
+                if s.ok and s.feasible:
+                    (b if arm == "B" else a).append(s.value)
+                self._emit(Phase.RESUME, f"{'deployed' if arm == 'B' else 'baseline'}: {_describe(s)}",
+                           window=idx, value=s.value if s.ok else None)
+        return a, b
+
+    # ------------------------------------------------------------------ BASELINE and references
+    def _reference(self, *, apply: bool = True) -> Steps[Score | None]:
+        """One reference window (the baseline), told as its log-ratio to the other references."""
+        st = self.state
+        if apply:
+            err = yield from self._apply(st.baseline, WindowKind.REFERENCE)
+            if err is not None:
+                self._emit(Phase.ROLLBACK, f"could not put the baseline back: {err.message}", kind=EventKind.GUARD)
+                return None
+        idx, w = yield from self._measure(WindowKind.REFERENCE, at=st.windows_used)
+        s = score(w, self.policy.objective)
+        st.windows_used += 1
+        st.since_ref = 0
+        self.trace.windows.append((WindowKind.REFERENCE, dict(st.baseline)))
+        if not s.ok:
+            self._log_window(st, None, WindowKind.REFERENCE, st.baseline, idx, s, None, hist=w.histogram)
+            self._emit(Phase.BASELINE, "baseline window failed: " + "; ".join(s.reasons), window=idx)
+            return s
+        if w.drops_per_s is not None:
+            st.base_drops = w.drops_per_s
+        st.refs.add(idx, math.log(s.value))
+        st.obs.append(WindowObs(idx, dict(st.baseline), math.log(s.value), True, context=dict(w.context)))
+        self._retell(st)
+        y = next((v for i, v in st.refs.reference_ys() if i == idx), None)
+        self._log_window(st, None, WindowKind.REFERENCE, st.baseline, idx, s, y, hist=w.histogram)
+        self._emit(Phase.MEASURE, f"baseline J={s.value:.4g}", window=idx, value=s.value)
+        shift = st.refs.shift()
+        if shift is not None:
+            self._restart_on_shift(st, shift)
+        elif st.refs.suspect():
+            st.since_ref = st.refs.interval()  # a second reference next: a shift, or one odd window?
+        return s
+
+    def _baseline(self) -> Steps[Phase]:
+        st = self.state
+        failed = 0
+        while len(st.refs) < BASELINE_WINDOWS and not st.stop:
+            self._emit(Phase.BASELINE, "measuring the baseline", window=st.windows_used)
+            s = yield from self._reference(apply=st.mode != "observe")
+            if s is None or not s.ok:
+                failed += 1
+                if failed >= MAX_FAILED_BASELINE:
+                    break
+        if len(st.refs) == 0:
+            self._finish(st, None, "baseline could not be measured; nothing changed", stopped=st.stop)
+            self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP if st.stop else EventKind.KEEP)
+            return Phase.DONE
+        if st.mode == "observe":
+            return Phase.OBSERVE
+        st.in_class = self.store.join_class(st.session, st.j_ref, st.refs.noise_sd())
+        if st.in_class:
+            self._emit(Phase.BASELINE, "this host joined its workload class: the search shares the class's "
+                                       "observations and pending trials")
+        return Phase.PROPOSE
+
+    def _restart_on_shift(self, st: SessionState, at: int) -> None:
+        msg = (f"workload shift: the baseline now scores J={math.exp(st.refs.logs[-1]):.4g} "
+               f"(it was {math.exp(st.refs.logs[0]):.4g}); the search restarts on the new workload")
+        st.guard_events.append(msg)
+        st.refs.start_regime(at)
+        st.obs = [o for o in st.obs if o.index >= at]
+        st.prior = []
+        st.best_known = dict(st.baseline)
+        pol = self.policy
+        st.optimiser = make_optimiser(st.optimiser.name, self.space, st.baseline, seed=pol.tuning.seed + at,
+                                      initial_points=max(2, pol.tuning.initial_points // 2),
+                                      safety_limit=math.log(1.0 + pol.guard.max_regression))
+        self._retell(st)
+        self._emit(Phase.BASELINE, msg, kind=EventKind.SHIFT)
+
+    # ------------------------------------------------------------------ OBSERVE
+    def _observe(self) -> Steps[Phase]:
+        st = self.state
+        yield from ()
+        would: list[dict[str, KnobValue]] = []
+        for _ in range(max(1, self.policy.tuning.initial_points)):
+            c = st.optimiser.ask(remaining=self.policy.tuning.budget, context=st.context)
+            would.append(c)
+            st.optimiser.tell_failed(c)  # not measured: only so the next ask proposes something else
+        self._emit(Phase.OBSERVE, "observe mode: would try " + "; ".join(_fmt(c, st.baseline) for c in would))
+        self._finish(st, None, f"observe mode: measured the baseline (J={st.j_ref:.4g}, window noise "
+                               f"{st.refs.noise_sd():.2f} in log units); nothing was written",
+                     mode="observe", would_try=would)
+        self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
+        return Phase.DONE
+
+    # ------------------------------------------------------------------ PROPOSE: the search
+    def _search(self) -> Steps[Phase]:
+        st, pol = self.state, self.policy
+        while st.windows_used < pol.tuning.budget and not st.stop:
+            if st.since_ref >= st.refs.interval() and st.windows_used + 1 < pol.tuning.budget:
+                self._emit(Phase.BASELINE, "reference window (the baseline, interleaved)", window=st.windows_used)
+                yield from self._reference()
+                continue
+            self._emit(Phase.PROPOSE, "asking the optimiser", trial=st.trial_no)
+            pending: list[dict[str, KnobValue]] = []
+            if st.in_class:
+                # what the other hosts of the class measured (relative to their own baselines) and
+                # what they are measuring now (not proposed twice: constant liar)
+                st.shared = self.store.shared_observations(st.session, st.baseline)
+                pending = self.store.pending_configs(st.session)
+                self._retell(st)
+            cfg = st.optimiser.ask(remaining=pol.tuning.budget - st.windows_used, pending=pending,
+                                   context=st.context)
+            if st.in_class:
+                self.store.set_pending(st.session, cfg)
+            yield from self._trial(cfg)
+            if st.in_class:
+                self.store.set_pending(st.session, None)
+            if st.consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+                st.guard_events.append(f"{st.consecutive_failures} consecutive failed trials: search stopped")
+                break
+        return Phase.CONFIRM
+
+    def _trial(self, cfg: dict[str, KnobValue]) -> Steps[None]:
+        """One visit of ``cfg``: its first window (TRIAL), maybe more (REPEAT, with a reference
+        between them when one is due), then the trial record; the baseline goes back unless ok."""
+        st = self.state
+        no = st.trial_no
+        st.trial_no += 1
+        full = {**st.baseline, **cfg}
+        self._emit(Phase.APPLY, "apply " + _fmt(cfg, st.baseline), trial=no)
+        err = yield from self._apply(full, WindowKind.TRIAL)
+        if err is not None:
+            st.optimiser.tell_failed(cfg)
+            st.trials.append(TrialRecord(no, cfg, "failed", (), f"apply failed: {err.message}"))
+            self.store.append("trial", session=st.session, trial=no, config=cfg, status="failed",
+                              reason=f"apply failed: {err.message}", windows=0)
+            st.consecutive_failures += 1
+            self._emit(Phase.ROLLBACK, f"apply failed: {err.message}", kind=EventKind.GUARD, trial=no)
+            return
+        values: list[float] = []
+        status, reason = yield from self._visit(no, cfg, full, values)
+        self._emit(Phase.SCORE, f"trial {no} {status}" + (f": {reason}" if reason else ""), trial=no,
+                   value=values[-1] if values else None)
+        st.trials.append(TrialRecord(no, cfg, status, tuple(values), reason))
+        self.store.append("trial", session=st.session, trial=no, config=cfg, status=status, reason=reason,
+                          windows=len(values))
+        st.consecutive_failures = st.consecutive_failures + 1 if status == "failed" else 0
+        rec = st.optimiser.best()
+        if rec is not None:
+            st.best_known = {**st.baseline, **rec.config}
+            self.trace.recommendations.append((st.windows_used, dict(rec.config)))
+        if status != "ok":
+            self._emit(Phase.ROLLBACK, "putting the baseline back", kind=EventKind.GUARD, trial=no)
+            yield from self._put_back(st.baseline)
+
+    def _visit(self, no: int, cfg: dict[str, KnobValue], full: dict[str, KnobValue],
+               values: list[float]) -> Steps[tuple[str, str]]:
+        """The windows of one visit; (status, reason). ``values`` collects the usable windows' J."""
+        st, pol = self.state, self.policy
+        visit = 0
+        while st.windows_used < pol.tuning.budget and not st.stop:
+            if visit > 0 and st.since_ref >= st.refs.interval():
+                yield from self._reference()
+                if st.windows_used >= pol.tuning.budget:
+                    break
+                err = yield from self._apply(full, WindowKind.REPEAT)
+                if err is not None:
+                    return "failed", f"apply failed: {err.message}"
+            self._emit(Phase.SETTLE, f"settle {pol.tuning.settle_s:g}s, then measure", trial=no,
+                       window=st.windows_used)
+            kind = WindowKind.TRIAL if visit == 0 else WindowKind.REPEAT
+            outcome = yield from self._trial_window(no, cfg, kind, values)
+            visit += 1
+            if outcome is not None:
+                return outcome
+            if not self._another_window(st, cfg, visit):
+                break
+        return "ok", ""
+
+    def _trial_window(self, no: int, cfg: dict[str, KnobValue], kind: WindowKind,
+                      values: list[float]) -> Steps[tuple[str, str] | None]:
+        """Measure, score, guard, journal, tell: (status, reason) when the visit ends here."""
+        st, pol = self.state, self.policy
+        idx, w = yield from self._measure(kind, no, at=st.windows_used)
+        st.windows_used += 1
+        st.since_ref += 1
+        self.trace.windows.append((kind, dict(cfg)))
+        s = score(w, pol.objective, baseline_drops_per_s=st.base_drops)
+        # decide, journal, then report: a crash after the event never loses the window
+        if not s.ok:
+            self._log_window(st, no, kind, cfg, idx, s, None, hist=w.histogram)
+            self._emit(Phase.MEASURE, _describe(s), trial=no, window=idx)
+            st.optimiser.tell_failed(cfg)
+            return "failed", "; ".join(s.reasons)
+        lj = math.log(s.value)
+        level = st.refs.level(idx)
+        y = model_value(s.value, level) if level is not None else 0.0
+        limit = guard_limit(pol.guard.max_regression, st.refs.window_se(idx))
+        aborted = not s.feasible or (kind is WindowKind.TRIAL and y > limit)
+        ob = WindowObs(idx, self.space.canonical(cfg), lj, False, aborted=aborted, infeasible=not s.feasible,
+                       context=dict(w.context))
+        st.obs.append(ob)
+        y_told = self._told(st, ob)
+        self._log_window(st, no, kind, cfg, idx, s, y_told, status="aborted" if aborted else "ok",
+                         hist=w.histogram)
+        self._emit(Phase.MEASURE, _describe(s), trial=no, window=idx, value=s.value)
+        st.optimiser.tell(cfg, y_told, context=ob.context)
+        if values and not aborted:
+            st.refs.add_repeat(idx, math.log(values[-1]), lj)
+        values.append(s.value)
+        if not aborted:
+            return None
+        reason = ("constraint broken: " + "; ".join(s.reasons)) if not s.feasible else (
+            f"objective {s.value:.4g} is {math.exp(y) - 1:+.0%} vs the baseline next to it "
+            f"(limit +{pol.guard.max_regression:.0%} beyond the window noise)")
+        st.guard_events.append(f"trial {no}: {reason}")
+        return "aborted", reason
+
+    def _another_window(self, st: SessionState, cfg: Mapping[str, KnobValue], visit: int) -> bool:
+        """The ranking rule: another window while the trial could beat the incumbent by MIN_GAIN but
+        has not shown it (its mean is within one standard error of that line)."""
+        if visit >= MAX_WINDOWS_PER_VISIT or st.windows_used >= self.policy.tuning.budget:
+            return False
+        key = self.space.key_of(cfg)
+        mine = [o for o in st.obs if not o.reference and self.space.key_of(o.config) == key]
+        ys = [self._told(st, o) for o in mine]
+        if not ys or any(o.aborted for o in mine):
+            return False
+        mean = sum(ys) / len(ys)
+        se = st.refs.window_se(mine[-1].index) / math.sqrt(len(ys))
+        rec = st.optimiser.best()
+        inc = 0.0
+        if rec is not None and self.space.key_of(rec.config) != key:
+            inc = min(0.0, rec.predicted)
+        line = inc - MIN_GAIN
+        return mean - se < line < mean + se
+
+    # ------------------------------------------------------------------ model values
+    def _told(self, st: SessionState, o: WindowObs) -> float:
+        if o.reference:
+            for i, v in st.refs.reference_ys():
+                if i == o.index:
+                    return v
+            return 0.0
+        level = st.refs.level(o.index)
+        y = o.log_j - level if level is not None else 0.0
+        if o.aborted or o.infeasible:
+            return penalised(y, math.log(1.0 + self.policy.guard.max_regression), infeasible=o.infeasible)
+        return y
+
+    def _retell(self, st: SessionState) -> None:
+        """Every observation of the current regime with its up-to-date reference level."""
+        if self.fresh_shared and st.in_class:
+            st.shared = self.store.shared_observations(st.session, st.baseline)
+        outside = [*st.prior, *st.shared]
+        obs: list[tuple[Mapping[str, KnobValue], float]] = list(outside)
+        obs += [(o.config, self._told(st, o)) for o in st.obs]
+        contexts: list[Mapping[str, float] | None] = [None] * len(outside)
+        contexts += [o.context for o in st.obs]
+        st.optimiser.retell(obs, contexts=contexts)
+        st.optimiser.set_noise(st.refs.noise_sd() * math.sqrt(1.5))
+
+    # ------------------------------------------------------------------ CONFIRM: the conclusion
+    def _conclude(self) -> Steps[Phase]:
+        st = self.state
+        if st.stop:
+            return (yield from self._stopped())
+        rec = st.optimiser.candidate()
+        if rec is None or self.space.key_of(rec.config) == st.base_key or rec.predicted > -MIN_GAIN:
+            yield from self._put_back(st.baseline)
+            self._finish(st, None, "no configuration is predicted to beat the baseline; kept")
+            self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
+            return Phase.DONE
+        cand = {**st.baseline, **rec.config}
+        simple = {**st.baseline, **st.optimiser.simplify(rec.config)}
+        if simple != cand and self.space.key_of(simple) != st.base_key:
+            self._emit(Phase.CONFIRM, "simplified the candidate to " + _fmt(simple, st.baseline))
+            cand = simple
+        verdict = yield from self._confirm(cand)
+        if st.stop:
+            return (yield from self._stopped())
+        deployed = cand if verdict.deploy else st.baseline
+        yield from self._put_back(deployed, WindowKind.CONFIRM)
+        reason = ("deployed: " if verdict.deploy else "baseline kept: ") + verdict.reason
+        self._finish(st, verdict, reason, deployed=deployed, best=cand)
+        self._emit(Phase.DONE, reason, kind=EventKind.DEPLOY if verdict.deploy else EventKind.KEEP)
+        return Phase.DONE
+
+    def _stopped(self) -> Steps[Phase]:
+        st = self.state
+        yield from self._put_back(st.baseline)
+        self._finish(st, None, "stopped on request; baseline restored", stopped=True)
+        self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP)
+        return Phase.DONE
+
+    def _confirm(self, cand: dict[str, KnobValue]) -> Steps[Verdict]:
+        """Interleaved A/B pairs with sequential looks at ``pairs x 2^k`` (k < looks): at each look
+        the candidate is deployed when its gain is significant at ``alpha / looks`` (Bonferroni over
+        the looks, so the chance of deploying a non-improvement stays <= alpha) and at least
+        ``min_effect``; the comparison stops early for futility when even the optimistic bound of
+        the gain is below ``min_effect``. Noisy hosts get more pairs, clear cases few."""
+        st, pol = self.state, self.policy
+        a: list[float] = []
+        b: list[float] = []
+        looks = [pol.confirm.pairs * 2 ** k for k in range(pol.confirm.looks)]
+        alpha = pol.confirm.alpha / len(looks)
+        broke: str | None = None
+        p = 0
+        while broke is None and not st.stop and p < looks[-1]:
+            broke = yield from self._confirm_pair(p, cand, a, b)
+            p += 1
+            if p in looks and len(a) >= 2 and len(b) >= 2:
+                v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
+                if v.deploy or v.ci_high < pol.confirm.min_effect:
+                    break  # decided: significant gain, or no chance of a worthwhile one
+        verdict = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
+        if broke is not None:
+            st.guard_events.append(broke)
+            self._emit(Phase.CONFIRM, broke, kind=EventKind.GUARD)
+            verdict = Verdict(verdict.baseline_samples, verdict.candidate_samples, verdict.gain, verdict.ci_low,
+                              verdict.ci_high, verdict.p_value, verdict.significant, False, broke)
+        return verdict
+
+    def _confirm_pair(self, p: int, cand: dict[str, KnobValue], a: list[float], b: list[float]) -> Steps[str | None]:
+        """Pair ``p``: the baseline (A) then the candidate (B); why the candidate broke, if it did."""
+        st, pol = self.state, self.policy
+        sd = st.refs.noise_sd()
+        for arm, cfg in (("A", st.baseline), ("B", cand)):
+            err = yield from self._apply(cfg, WindowKind.CONFIRM)
+            if err is not None:
+                return f"apply failed during confirmation: {err.message}"
+            idx, w = yield from self._measure(WindowKind.CONFIRM)
+            self.trace.windows.append((WindowKind.CONFIRM, dict(cfg)))
+            s = score(w, pol.objective, baseline_drops_per_s=st.base_drops)
+            self._log_window(st, None, WindowKind.CONFIRM, cfg, idx, s, None, hist=w.histogram)
+            self._emit(Phase.CONFIRM, f"pair {p + 1} {arm}: {_describe(s)}", window=idx,
+                       value=s.value if s.ok else None)
+            if not s.ok:
+                continue
+            if not s.feasible and arm == "B":
+                return "candidate broke a constraint during confirmation: " + "; ".join(s.reasons)
+            (a if arm == "A" else b).append(s.value)
+            if arm == "B" and a:
+                d = _mean_log(b) - _mean_log(a)
+                lim = guard_limit(pol.guard.max_regression, sd * math.sqrt(1 / len(a) + 1 / len(b)))
+                if d > lim:
+                    return (f"candidate broke the guard during confirmation: {math.exp(d) - 1:+.0%} vs "
+                            f"the baseline windows next to it (limit +{pol.guard.max_regression:.0%} "
+                            "beyond the noise)")
+        return None
+
+    # ------------------------------------------------------------------ records
+    def _log_window(self, st: SessionState, trial: int | None, kind: WindowKind, cfg: Mapping[str, KnobValue],
+                    index: int, s: Score, y: float | None, *, status: str | None = None,
+                    hist: str | None = None) -> None:
+        stat = status or ("ok" if s.ok else "failed")
+        extra = {"histogram": hist} if hist is not None else {}  # the window's latency histogram (study store)
+        self.store.append("window", session=st.session, trial=trial, phase=kind.value, config=dict(cfg),
+                          index=index, status=stat, value=s.value if s.ok else None, y=y, ratio=y is not None,
+                          score=s.to_json(), **extra)
+
+    def _finish(self, st: SessionState, verdict: Verdict | None, reason: str, *,
+                deployed: dict[str, KnobValue] | None = None, best: dict[str, KnobValue] | None = None,
+                stopped: bool = False, mode: str = "search",
+                would_try: Sequence[dict[str, KnobValue]] = ()) -> None:
+        dep = deployed if deployed is not None else st.baseline
+        rec = st.optimiser.best() if mode == "search" else None
+        j_ref = st.j_ref
+        best_value = j_ref * math.exp(rec.predicted) if rec is not None and math.isfinite(j_ref) else math.nan
+        st.mode = mode
+        st.result = TuningResult(
+            baseline_config=dict(st.baseline), baseline_value=j_ref,
+            best_config=dict(best if best is not None else ({**st.baseline, **rec.config} if rec else st.baseline)),
+            best_value=best_value, trials=tuple(st.trials), verdict=verdict, deployed=dict(dep),
+            deployed_is_baseline=self.space.key_of(dep) == st.base_key, reason=reason,
+            guard_events=tuple(st.guard_events), windows_used=st.windows_used, stopped=stopped, mode=mode,
+            noise_sd=st.refs.noise_sd() if len(st.refs) else math.nan,
+            dropped_knobs=tuple(sorted(self.dropped_knobs.items())), would_try=tuple(would_try))
+        self.store.append("end", session=st.session, result=st.result.to_json())
+
+    def _reason(self) -> str:
+        return self.state.result.reason if self.state.result else ""
+
+
+def _mean_log(xs: Sequence[float]) -> float:
+    return sum(math.log(x) for x in xs) / len(xs)
+
+
+def _fmt(cfg: Mapping[str, KnobValue], base: Mapping[str, KnobValue]) -> str:
+    diff = [f"{k}={v}" for k, v in cfg.items() if base.get(k) != v]
+    return ", ".join(diff) if diff else "(baseline values)"
+
+
+def _describe(s: Score) -> str:
+    if not s.ok:
+        return "failed: " + "; ".join(s.reasons)
+    return f"J={s.value:.4g} latency={s.latency_us:.1f}µs cpu={s.cpu_cores:.2f}" + (
+        "" if s.feasible else " infeasible: " + "; ".join(s.reasons))
