@@ -46,7 +46,21 @@ def study_lines(st: Mapping[str, Any] | None) -> list[str]:
 
 
 def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: float | None = None) -> str:
+    """The status page: one section after the other, each from its part of the document."""
     now = time.time() if now is None else now
+    out = _header(doc, running=running, dirty=dirty, now=now)
+    out += _progress(doc)
+    out += study_lines(doc.get("study"))
+    out += _knob_lines(doc)
+    out += _result_lines(doc.get("result") or {})
+    out += _guard_and_hold_lines(doc)
+    out += _verification(doc.get("last_verification"), now)
+    out += _reload_and_recommendation_lines(doc)
+    out += _counter_lines(doc.get("counters") or {})
+    return "\n".join(out)
+
+
+def _header(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: float) -> list[str]:
     out: list[str] = []
     if running:
         age = now - float(doc.get("updated", now))
@@ -55,22 +69,30 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         out.append(f"phase:     {doc.get('phase', '?')}"
                    + (f" — {doc['message']}" if doc.get("message") else "")
                    + f"   (updated {age:.0f} s ago)")
-    else:
-        state = ("in an UNKNOWN state (host state unknown: the journal is damaged, or unreadable by this user)"
-                 if dirty is None else
-                 "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value")
-        out.append(f"polltuned: not running; host is {state}")
-        if doc:
-            out.append(f"last run:  policy {doc.get('policy', '?')}, ended in phase {doc.get('phase', '?')}"
-                       + (f" — {doc['message']}" if doc.get("message") else ""))
-        if dirty:
-            out.append("           undo with: polltuned rollback")
+        return out
+    state = ("in an UNKNOWN state (host state unknown: the journal is damaged, or unreadable by this user)"
+             if dirty is None else
+             "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value")
+    out.append(f"polltuned: not running; host is {state}")
+    if doc:
+        out.append(f"last run:  policy {doc.get('policy', '?')}, ended in phase {doc.get('phase', '?')}"
+                   + (f" — {doc['message']}" if doc.get("message") else ""))
+    if dirty:
+        out.append("           undo with: polltuned rollback")
+    return out
+
+
+def _progress(doc: Mapping[str, Any]) -> list[str]:
     prog = doc.get("progress") or {}
-    if prog:
-        out.append(f"progress:  trial {_fmt(prog.get('trial'))}, "
-                   f"measurement windows {_fmt(prog.get('windows_used'))} of {_fmt(prog.get('windows_budget'))} "
-                   f"(the budget), tuning round {_fmt(prog.get('round'))}")
-    out += study_lines(doc.get("study"))
+    if not prog:
+        return []
+    return [f"progress:  trial {_fmt(prog.get('trial'))}, "
+            f"measurement windows {_fmt(prog.get('windows_used'))} of {_fmt(prog.get('windows_budget'))} "
+            f"(the budget), tuning round {_fmt(prog.get('round'))}"]
+
+
+def _knob_lines(doc: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
     knobs = doc.get("knobs") or []
     if knobs:
         out.append("")
@@ -83,38 +105,48 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         out.append("not tuned on this host (dropped at start):")
         for key, why in sorted(dropped.items()):
             out.append(f"  {key}: {why}")
-    res = doc.get("result") or {}
-    if res:
-        out.append("")
-        mode = res.get("mode")
-        if mode == "resume":
-            out.append("round: resumed a confirmed configuration for this policy and host (no new search): "
-                       + str(res.get("reason", "")))
-        elif mode == "observe":
-            out.append("round: observe mode, nothing written: " + str(res.get("reason", "")))
-            base = res.get("baseline_config") or {}
-            for c in (res.get("would_try") or [])[:8]:
-                diff = ", ".join(f"{k}={v}" for k, v in c.items() if base.get(k) != v)
-                out.append(f"  would try: {diff or '(baseline values)'}")
-        elif mode == "search":
-            noise = res.get("window_noise_sd")
-            out.append(f"round: full search ({_fmt(res.get('windows_used'))} windows; window-to-window noise "
-                       + (f"{noise:.2f} in log J" if isinstance(noise, (int, float)) else "unknown") + ")")
-        obj = res.get("objective_name", "objective")
-        b, c = res.get("baseline_objective"), res.get("best_objective")
-        line = f"{obj}: baseline {_fmt(b)} -> best {_fmt(c)}"
-        if isinstance(b, (int, float)) and isinstance(c, (int, float)) and b:
-            line += f" ({(c - b) / b * 100:+.1f} %)"
-        out.append(line)
-        conf = res.get("confirmation") or {}
-        if conf:
-            ci = conf.get("ci") or [None, None]
-            out.append(
-                f"confirmation: {conf.get('verdict', '?')} — gain {_pct(conf.get('gain'))} "
-                f"(95 % CI {_pct(ci[0])} … {_pct(ci[1])}, p = {_fmt(conf.get('p_value'))}, "
-                f"{_fmt(conf.get('pairs'))} interleaved pairs)"
-                + (f"; {conf['reason']}" if conf.get("reason") and not str(conf["reason"]).startswith("gain") else "")
-            )
+    return out
+
+
+def _result_lines(res: Mapping[str, Any]) -> list[str]:
+    """The last round: how it ran (resume, observe, search), the objective, the confirmation."""
+    if not res:
+        return []
+    out = [""]
+    mode = res.get("mode")
+    if mode == "resume":
+        out.append("round: resumed a confirmed configuration for this policy and host (no new search): "
+                   + str(res.get("reason", "")))
+    elif mode == "observe":
+        out.append("round: observe mode, nothing written: " + str(res.get("reason", "")))
+        base = res.get("baseline_config") or {}
+        for c in (res.get("would_try") or [])[:8]:
+            diff = ", ".join(f"{k}={v}" for k, v in c.items() if base.get(k) != v)
+            out.append(f"  would try: {diff or '(baseline values)'}")
+    elif mode == "search":
+        noise = res.get("window_noise_sd")
+        out.append(f"round: full search ({_fmt(res.get('windows_used'))} windows; window-to-window noise "
+                   + (f"{noise:.2f} in log J" if isinstance(noise, (int, float)) else "unknown") + ")")
+    obj = res.get("objective_name", "objective")
+    b, c = res.get("baseline_objective"), res.get("best_objective")
+    line = f"{obj}: baseline {_fmt(b)} -> best {_fmt(c)}"
+    if isinstance(b, (int, float)) and isinstance(c, (int, float)) and b:
+        line += f" ({(c - b) / b * 100:+.1f} %)"
+    out.append(line)
+    conf = res.get("confirmation") or {}
+    if conf:
+        ci = conf.get("ci") or [None, None]
+        out.append(
+            f"confirmation: {conf.get('verdict', '?')} — gain {_pct(conf.get('gain'))} "
+            f"(95 % CI {_pct(ci[0])} … {_pct(ci[1])}, p = {_fmt(conf.get('p_value'))}, "
+            f"{_fmt(conf.get('pairs'))} interleaved pairs)"
+            + (f"; {conf['reason']}" if conf.get("reason") and not str(conf["reason"]).startswith("gain") else "")
+        )
+    return out
+
+
+def _guard_and_hold_lines(doc: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
     guards = doc.get("guard_events") or []
     if guards:
         out.append("")
@@ -127,7 +159,11 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         rel = hold.get("relative_change") or {}
         out.append(f"hold: {hold.get('windows', 0)} windows watched, drift streak {hold.get('drift_streak', 0)}"
                    + ("; change vs reference: " + ", ".join(f"{k} {v:+.0%}" for k, v in rel.items()) if rel else ""))
-    out += _verification(doc.get("last_verification"), now)
+    return out
+
+
+def _reload_and_recommendation_lines(doc: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
     reloads = doc.get("reloads") or []
     if reloads and isinstance(reloads[-1], Mapping):
         last = reloads[-1]
@@ -140,7 +176,11 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
         for k, v in rec.items():
             out.append(f"recommend: {k} = {_fmt(v.get('value') if isinstance(v, Mapping) else v)}"
                        + (f"  ({v.get('why')})" if isinstance(v, Mapping) and v.get("why") else ""))
-    cnt = doc.get("counters") or {}
+    return out
+
+
+def _counter_lines(cnt: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
     cpus = cnt.get("cpus") or []
     if cpus:
         out.append("")
@@ -153,7 +193,7 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
     unavailable = cnt.get("unavailable") or {}
     if unavailable:
         out.append("counters unavailable: " + ", ".join(f"{k} ({v})" for k, v in sorted(unavailable.items())))
-    return "\n".join(out)
+    return out
 
 
 def _owner(k: Mapping[str, Any]) -> str:

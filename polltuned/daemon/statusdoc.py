@@ -9,7 +9,9 @@ from typing import Any
 
 from polltuned.daemon.controller import Controller
 from polltuned.daemon.wiring import Daemon
+from polltuned.engine.session import TuningResult
 from polltuned.errors import PolltunedError
+from polltuned.policy.schema import Policy
 
 
 def _num(x: Any) -> Any:
@@ -92,40 +94,13 @@ def build_status(d: Daemon, c: Controller) -> dict[str, Any]:
         doc["cpu_scope"] = scope.status()
     res = c.result
     if res is not None:
-        v = res.verdict
-        conf: dict[str, Any] = {}
-        if v is not None:
-            conf = {
-                "verdict": "significant: deployed" if v.deploy else "not deployed: baseline kept",
-                "significant": v.significant,
-                "gain": _num(v.gain), "ci": [_num(v.ci_low), _num(v.ci_high)],
-                "p_value": _num(v.p_value), "pairs": min(len(v.baseline_samples), len(v.candidate_samples)),
-                "reason": v.reason,
-                "baseline_samples": list(v.baseline_samples), "candidate_samples": list(v.candidate_samples),
-            }
-        else:
-            conf = {"verdict": "no candidate beat the baseline: baseline kept", "reason": res.reason}
-        doc["result"] = {
-            "objective_name": f"{pol.objective.statistic} {pol.objective.combine}",
-            "baseline_objective": _num(res.baseline_value), "best_objective": _num(res.best_value),
-            "baseline_config": res.baseline_config, "best_config": res.best_config, "deployed": res.deployed,
-            "deployed_is_baseline": res.deployed_is_baseline, "confirmation": conf,
-            "windows_used": res.windows_used,
-            "trials": {s: sum(1 for t in res.trials if t.status == s) for s in ("ok", "failed", "aborted")},
-            # search: a full search; resume: a confirmed configuration re-applied at start and
-            # re-checked; observe: measured only, nothing written
-            "mode": res.mode, "reason": res.reason, "window_noise_sd": _num(res.noise_sd),
-            "would_try": [dict(c) for c in res.would_try],
-        }
+        doc["result"] = result_doc(c, res)
         doc["progress"]["windows_used"] = res.windows_used
         if doc["progress"]["trial"] is None:
             doc["progress"]["trial"] = len(res.trials)
-        bp = res.deployed.get("net.core.busy_poll")
-        if isinstance(bp, int) and any(k.startswith(("vhost:", "module:kvm")) for k in pol.knobs):
-            from polltuned.knobs.vhost import recommend_vhost_poll_us
-
-            rec = recommend_vhost_poll_us(bp)
-            doc["recommendations"] = {"qemu -netdev tap,poll-us": {"value": rec.poll_us, "why": rec.reason}}
+        rec = _vhost_recommendation(pol, res)
+        if rec:
+            doc["recommendations"] = rec
     return _jsonable(doc)  # type: ignore[no-any-return]
 
 
@@ -144,3 +119,44 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Sequence):
         return [_jsonable(v) for v in obj]
     return str(obj)
+
+
+def result_doc(c: Controller, res: TuningResult) -> dict[str, Any]:
+    """The last round's result: objective, configurations, the confirmation's verdict."""
+    pol = c.policy
+    v = res.verdict
+    conf: dict[str, Any] = {}
+    if v is not None:
+        conf = {
+            "verdict": "significant: deployed" if v.deploy else "not deployed: baseline kept",
+            "significant": v.significant,
+            "gain": _num(v.gain), "ci": [_num(v.ci_low), _num(v.ci_high)],
+            "p_value": _num(v.p_value), "pairs": min(len(v.baseline_samples), len(v.candidate_samples)),
+            "reason": v.reason,
+            "baseline_samples": list(v.baseline_samples), "candidate_samples": list(v.candidate_samples),
+        }
+    else:
+        conf = {"verdict": "no candidate beat the baseline: baseline kept", "reason": res.reason}
+    return {
+        "objective_name": f"{pol.objective.statistic} {pol.objective.combine}",
+        "baseline_objective": _num(res.baseline_value), "best_objective": _num(res.best_value),
+        "baseline_config": res.baseline_config, "best_config": res.best_config, "deployed": res.deployed,
+        "deployed_is_baseline": res.deployed_is_baseline, "confirmation": conf,
+        "windows_used": res.windows_used,
+        "trials": {s: sum(1 for t in res.trials if t.status == s) for s in ("ok", "failed", "aborted")},
+        # search: a full search; resume: a confirmed configuration re-applied at start and
+        # re-checked; observe: measured only, nothing written
+        "mode": res.mode, "reason": res.reason, "window_noise_sd": _num(res.noise_sd),
+        "would_try": [dict(c) for c in res.would_try],
+    }
+
+
+def _vhost_recommendation(pol: Policy, res: TuningResult) -> dict[str, Any]:
+    """vhost/KVM knobs in the policy: the QEMU poll-us matching the deployed busy_poll."""
+    bp = res.deployed.get("net.core.busy_poll")
+    if not isinstance(bp, int) or not any(k.startswith(("vhost:", "module:kvm")) for k in pol.knobs):
+        return {}
+    from polltuned.knobs.vhost import recommend_vhost_poll_us
+
+    rec = recommend_vhost_poll_us(bp)
+    return {"qemu -netdev tap,poll-us": {"value": rec.poll_us, "why": rec.reason}}
