@@ -1,4 +1,4 @@
-"""``polltuned sim``: run the real engine (Tuner + HostEnv + Actuator + Journal + guard +
+"""``polltuned sim``: run the real engine (Engine + HostEnv + Actuator + Journal + guard +
 confirmation) against a simulated scenario on a fake /proc + /sys tree.
 
 The fake tree is a temporary directory (or ``--host-root`` when given) whose knob files start at

@@ -1,7 +1,7 @@
 """The study store interface every backend implements, and the records it returns.
 
 A *study* is the durable trial history of one policy fingerprint (a hash of the knobs, objective
-and probe: what makes old numbers comparable). The engine (polltuned.engine.tuner) writes four
+and probe: what makes old numbers comparable). The engine (polltuned.engine.core) writes four
 kinds of record through :meth:`Study.append` and reads back what it needs to resume, warm-start
 and share; ``polltuned history`` and ``polltuned status`` read sessions and :meth:`Study.describe`.
 
