@@ -268,8 +268,68 @@ def run_open_loop(socks: Sequence[socket.socket], wire: Wire, sched_ns: Sequence
     return res
 
 
+def run_closed_loop(socks: Sequence[socket.socket], wire: Wire, warmup_s: float, duration_s: float,
+                    perf: Callable[[], int] = time.perf_counter_ns) -> tuple[list[int], int, float]:
+    """Closed loop: exactly one request outstanding per connection, the next sent when its reply
+    has arrived, timed from just before its send. Returns (latencies ns, misses, seconds measured)."""
+    sel = selectors.DefaultSelector()
+    bufs = [b""] * len(socks)
+    sent_at = [0] * len(socks)
+    counter = [c * 7919 for c in range(len(socks))]
+    lat: list[int] = []
+    misses = 0
+    try:
+        for c, s in enumerate(socks):
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ, c)
+        t_start = perf()
+        t_record = t_start + int(warmup_s * 1e9)
+        t_end = t_record + int(duration_s * 1e9)
+        for c, s in enumerate(socks):
+            sent_at[c] = perf()
+            s.sendall(wire.request(counter[c]))
+        now = t_start
+        while now < t_end:
+            events = sel.select(STALL_S)
+            if not events:
+                raise LoadError(f"no reply for {STALL_S:g} s")
+            for key, _ in events:
+                c = key.data
+                s = socks[c]
+                chunk = s.recv(262144)
+                now = perf()
+                if not chunk:
+                    raise LoadError("server closed the connection")
+                flags, used = wire.parse(bufs[c] + chunk)
+                bufs[c] = (bufs[c] + chunk)[used:]
+                if not flags:
+                    continue
+                if len(flags) > 1:
+                    raise LoadError(f"{len(flags)} replies for one request in flight")
+                if now >= t_record:
+                    lat.append(now - sent_at[c])
+                    misses += flags[0]
+                if now >= t_end:
+                    continue
+                counter[c] += 1
+                sent_at[c] = perf()
+                s.sendall(wire.request(counter[c]))
+        return lat, misses, (now - t_record) / 1e9
+    finally:
+        sel.close()
+
+
+def closed_loop_document(latencies_ns: Sequence[int], duration_s: float, misses: int, connections: int,
+                         misses_key: str = "misses") -> dict[str, object]:
+    """Pure: the JSON document a closed-loop client prints."""
+    return {"v": 1, "mode": "closed", "requests": len(latencies_ns), "duration_s": round(duration_s, 4),
+            "throughput_rps": round(len(latencies_ns) / duration_s, 1) if duration_s > 0 else 0.0,
+            "latency_us": rounded(percentiles_us(latencies_ns)), misses_key: misses, "connections": connections,
+            "histogram": histogram_document(latencies_ns)}
+
+
 def open_loop_document(res: OpenLoopResult, *, rate: float, arrivals: str, connections: int,
-                       depth: int) -> dict[str, object]:
+                       depth: int, misses_key: str = "misses") -> dict[str, object]:
     """Pure: the JSON document an open-loop client prints (see kvclient / httpclient)."""
     if not res.latencies_ns:
         raise ValueError("no latency samples (no reply to any measured request)")
@@ -289,6 +349,6 @@ def open_loop_document(res: OpenLoopResult, *, rate: float, arrivals: str, conne
         "latency_us": rounded(percentiles_us(res.latencies_ns)),
         "service_latency_us": rounded(percentiles_us(res.service_ns)),
         "send_lag_us": {"p50": lag_at(0.5), "p99": lag_at(0.99), "max": lag_at(1.0)},
-        "misses": res.misses, "connections": connections, "depth": depth,
+        misses_key: res.misses, "connections": connections, "depth": depth,
         "histogram": histogram_document(res.latencies_ns),
     }
