@@ -161,3 +161,51 @@ def test_probe_failures_are_failed_windows(runner: FakeRunner, needle: str,
     assert not w.latency
     assert any("window 7" in r.getMessage() for r in caplog.records)
     assert all(s.stopped for s, _, _ in runner.spawned if s.argv[1] == "server")
+
+
+# ------------------------------------------------------------------------------- per-sample histogram (issue 15)
+
+
+def test_full_log_parses_every_sample() -> None:
+    """Recorded: sockperf 3.x ``under-load --mps 2000 --reply-every 1 --full-rtt --full-log /dev/stdout``
+    on loopback (a loaded machine: hence its tail): the summary, then one line per valid sample."""
+    from polltuned.probes.sockperf import parse_full_log
+
+    text = (FIX / "under_load_full_log.txt").read_text()
+    r = parse_sockperf(text)
+    samples = parse_full_log(text)
+    assert len(samples) == r.observations == 1098
+    assert abs(min(samples) - r.min_us * 1e3) <= 2 and abs(max(samples) - r.max_us * 1e3) <= 2  # ns: print rounding
+    with pytest.raises(ProbeError, match="per-sample log"):
+        parse_full_log((FIX / "ping_pong_udp.txt").read_text())
+
+
+def test_probe_histogram_merges_sessions_exactly() -> None:
+    import math
+
+    from polltuned.histogram import RESOLUTION, LatencyHistogram
+    from polltuned.probes.sockperf import parse_full_log
+
+    text = (FIX / "under_load_full_log.txt").read_text()
+    p = SockperfProbe(_cfg(mode="under-load", rate_mps=2000, sessions=2, histogram=True), FakeRunner(text),
+                      clock=FakeClock())
+    assert p.client_argv(0, 2)[-2:] == ["--full-log", "/dev/stdout"]
+    w = p.measure(2.0, 0)
+    assert w.ok and w.histogram is not None
+    h = LatencyHistogram.decode(w.histogram)
+    samples = sorted(parse_full_log(text) * 2)            # the two sessions' samples together
+    assert h.count == len(samples)
+    exact = samples[math.ceil(0.99 * len(samples)) - 1] / 1e3
+    assert exact <= w.latency["p99"] <= exact * (1 + RESOLUTION) + 1e-3
+    plain = SockperfProbe(_cfg(mode="under-load", rate_mps=2000), FakeRunner(text), clock=FakeClock())
+    assert "--full-log" not in plain.client_argv(0, 2) and plain.measure(2.0, 0).histogram is None
+
+
+def test_a_child_printing_more_than_a_pipe_holds_is_waited_for() -> None:
+    """sockperf's per-sample log is megabytes: waiting for the exit before reading the pipe would hang."""
+    import sys
+
+    from polltuned.host.exec import SubprocessRunner
+
+    res = SubprocessRunner().spawn([sys.executable, "-c", "print('x' * 1_000_000)"]).wait(20.0)
+    assert res.ok and not res.timed_out and len(res.stdout) == 1_000_001

@@ -121,12 +121,15 @@ class _Proc:
                           time.monotonic() - self._t0)
 
     def wait(self, timeout_s: float) -> ExecResult:
+        # communicate, not wait: a child printing more than a pipe holds (64 KiB: sockperf's
+        # per-sample log) would block on its write and never exit while we wait for it
         try:
-            self._proc.wait(timeout=timeout_s)
+            out, err = self._proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(self._proc, signal.SIGKILL)
             return self._result(True)
-        return self._result(False)
+        return ExecResult(self.argv, self._proc.returncode, out or "", err or "", False,
+                          time.monotonic() - self._t0)
 
     def stop(self, grace_s: float = 1.0) -> ExecResult:
         if self._proc.poll() is None:
