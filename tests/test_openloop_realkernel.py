@@ -9,7 +9,8 @@ memcached over a veth between two namespaces of this test's own (ptm-c / ptm-s, 
   flight, the same run's latencies timed from the actual send (``service_latency_us``) do not show
   it either: a client measuring from the actual send would fail this test (coordinated omission).
 
-The client and memcached run at nice -15 (see NICE). No kernel knob is written; the namespaces, their veth and memcached are removed in ``finally``.
+The client and memcached run at nice -15 (see NICE). No kernel knob is written; the namespaces,
+their veth and memcached are removed in ``finally``.
 Run: ``pytest -q -s -m realkernel tests/test_openloop_realkernel.py`` (prints the numbers).
 """
 
