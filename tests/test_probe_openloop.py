@@ -123,3 +123,27 @@ def test_arm_latency_is_the_percentile_of_all_requests() -> None:
     assert got is not None and exact <= got <= exact * (1 + RESOLUTION) + 1e-3
     assert arm_latency([*ws, Window(ok=True, latency={"p99": 3.0})], "p99") is None  # one without: no merge
     assert arm_latency([], "p99") is None
+
+
+def test_the_host_env_keeps_the_probes_histogram_when_it_adds_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import polltuned.engine.env as envmod
+    from polltuned.engine.env import HostEnv
+    from tests.test_sim import FakeRates, FakeSampler, act_stub
+
+    text = LatencyHistogram.of_ns([20_000, 30_000]).encode()
+
+    class HistProbe:
+        name = "hist"
+
+        def start(self) -> None: ...
+        def restart(self) -> None: ...
+        def close(self) -> None: ...
+
+        def measure(self, duration_s: float, window_index: int) -> Window:
+            return Window(ok=True, latency={"p99": 30.0}, histogram=text, context={"rate": 2.0})
+
+    monkeypatch.setattr(envmod, "_rates", lambda a, b: FakeRates(0.5))
+    env = HostEnv(load_policy("sim-default"), act_stub(), HistProbe(), clock=FakeClock(), sampler=FakeSampler(),
+                  cpus=[0])
+    w = env.measure(0)
+    assert w.cpu_cores == 0.5 and w.histogram == text and w.context == {"rate": 2.0}

@@ -155,9 +155,7 @@ class HostEnv:
                 cores = _rates(s0, s1).busy_cores(self.cpus)
             except (PolltunedError, ValueError, ZeroDivisionError) as e:
                 return Window.failed(f"cpu sampler failed: {e}", w.duration_s)
-            w = Window(ok=True, latency=w.latency, cpu_cores=cores, throughput_pps=w.throughput_pps,
-                       drops_per_s=w.drops_per_s, observations=w.observations, duration_s=w.duration_s,
-                       extra=w.extra)
+            w = replace(w, cpu_cores=cores)  # keeps everything else the probe gave (histogram, context)
         return w
 
     def _measure_scoped(self, window_index: int, scope: CpuScopeLike) -> Window:
