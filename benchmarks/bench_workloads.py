@@ -105,10 +105,12 @@ def main() -> int:
                     help="before each workload wait up to S s for the machine to use <= 0.15 cores for 10 s")
     ap.add_argument("--table-only", action="store_true", help="print the table from existing OUT/*.json")
     args = ap.parse_args()
-    from polltuned.bench import BenchSettings, render_table, run_bench
+    from polltuned.bench.run import run_bench
+    from polltuned.bench.session import BenchSettings
+    from polltuned.bench.table import render_table
+    from polltuned.bench.world import WORKLOADS
     from polltuned.clock import SystemClock
     from polltuned.host.fs import FsHost
-    from polltuned.worlds.default import WORKLOADS
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

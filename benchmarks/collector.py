@@ -37,21 +37,18 @@ from polltuned.counters import Sampler
 from polltuned.counters.interrupts import parse_interrupts
 from polltuned.host.fs import FsHost
 from polltuned.metrics.window import rates
+from polltuned.stats import percentile
 from tests.fixtures.gen_large_host import Spec, cached_tree
 
 TARGET_MS = 5.0
 
 
 def _stats(cpu: list[float], wall: list[float]) -> dict[str, float]:
-    def q(xs: list[float], p: float) -> float:
-        s = sorted(xs)
-        return s[min(len(s) - 1, int(p * len(s)))]
-
     return {
         "cpu_us_median": round(statistics.median(cpu) * 1e6, 1),
-        "cpu_us_p90": round(q(cpu, 0.9) * 1e6, 1),
+        "cpu_us_p90": round(percentile(cpu, 0.9) * 1e6, 1),
         "wall_us_median": round(statistics.median(wall) * 1e6, 1),
-        "wall_us_p90": round(q(wall, 0.9) * 1e6, 1),
+        "wall_us_p90": round(percentile(wall, 0.9) * 1e6, 1),
         "cpu_pct_at_1s": round(statistics.median(cpu) * 100, 3),
     }
 

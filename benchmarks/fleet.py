@@ -63,9 +63,11 @@ from polltuned.engine.core import Engine  # noqa: E402
 from polltuned.engine.driver import drive  # noqa: E402
 from polltuned.optimiser import make_optimiser  # noqa: E402
 from polltuned.optimiser.space import Space  # noqa: E402
+from polltuned.policy.edits import strip_seeds  # noqa: E402
 from polltuned.policy.loader import load_policy  # noqa: E402
 from polltuned.policy.schema import Policy  # noqa: E402
 from polltuned.records import KnobValue  # noqa: E402
+from polltuned.stats import percentile  # noqa: E402
 from polltuned.study import SessionLog, Study, StudyInfo, fingerprint  # noqa: E402
 from polltuned.study.config import StudyConfig  # noqa: E402
 from polltuned.study.select import open_study  # noqa: E402
@@ -347,14 +349,6 @@ def score_host(r: dict[str, Any], sc: Scenario, pol: Policy, j_star: float, budg
             "duplicates": r["duplicates"], "proposals": r["proposals"], "elapsed_s": r["elapsed_s"]}
 
 
-def pct(xs: Sequence[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))
-    return s[k]
-
-
 def latency_summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     calls: dict[str, list[float]] = {}
     ask: list[float] = []
@@ -364,8 +358,8 @@ def latency_summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ask.extend(r["ask"])
 
     def ms(xs: Sequence[float]) -> dict[str, float | int | None]:
-        p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
-        return {"n": len(xs), "p50": None if p50 is None else p50 * 1000, "p99": None if p99 is None else p99 * 1000,
+        p50, p99 = percentile(xs, 0.5), percentile(xs, 0.99)
+        return {"n": len(xs), "p50": p50 * 1000 if xs else None, "p99": p99 * 1000 if xs else None,
                 "max": max(xs) * 1000 if xs else None}
 
     return {"tell_ms": ms(calls.get("tell", [])), "ask_ms": ms(ask),
@@ -454,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tq = _load("tuner_quality")
     pol = load_policy(a.policy)
     pol = pol.model_copy(update={"tuning": pol.tuning.model_copy(update={"budget": a.budget})})
-    run_pol = tq.strip_seeds(pol) if a.no_seeds else pol
+    run_pol = strip_seeds(pol) if a.no_seeds else pol
     sc = load_scenario(a.scenario)
     j_star, c_star = tq.optimum(sc, pol, default_config(pol))
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="ptfleet-"))

@@ -33,11 +33,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from polltuned.actuator import Actuator
+from polltuned.actuator import Actuator, build_actuator
 from polltuned.clock import FakeClock
 from polltuned.host.fs import FsHost
-from polltuned.journal import Journal
-from polltuned.knobs.registry import KnobRegistry
 from tests.test_knobs_faketree import make_tree
 
 KNOBS = ("net.core.busy_poll", "net.core.busy_read", "eth0:gro_flush_timeout")
@@ -46,7 +44,7 @@ KNOBS = ("net.core.busy_poll", "net.core.busy_read", "eth0:gro_flush_timeout")
 def actuator(root: Path, state: Path) -> Actuator:
     c = FakeClock()
     h = FsHost(root)
-    return Actuator(h, Journal(state, clock=c), registry=KnobRegistry(h, app_cpus=[1]), app_cpus=[1], clock=c)
+    return build_actuator(h, state, c, app_cpus=[1])
 
 
 FSYNCS = [0]

@@ -44,6 +44,7 @@ from polltuned.clock import FakeClock, SystemClock
 from polltuned.daemon.config import MetricsConfig
 from polltuned.daemon.metrics import MetricsExporter
 from polltuned.host.metrics_http import serve_metrics
+from polltuned.stats import percentile
 
 TARGET_MS = 5.0
 
@@ -88,11 +89,6 @@ def large_doc(base: dict[str, Any], cpus: int = 256, knobs: int = 40) -> dict[st
                         "cpus": list(range(64))}
     doc["verification"] = {"t": time.time(), "ok": True, "counts": {"holds": knobs}}
     return doc
-
-
-def _q(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(p * len(s)))]
 
 
 def _scrape(url: str) -> int:
@@ -141,7 +137,7 @@ def bench_inproc(doc: dict[str, Any], scrapes: int, fresh: bool = True, warmup: 
         ex.close()
     return {"scrapes": scrapes, "bytes": size, "samples": sum(len(m.samples) for m in ex.registry.collect()),
             "daemon_cpu_ms_median": round(statistics.median(cpu) * 1e3, 3),
-            "daemon_cpu_ms_p90": round(_q(cpu, 0.9) * 1e3, 3),
+            "daemon_cpu_ms_p90": round(percentile(cpu, 0.9) * 1e3, 3),
             "daemon_cpu_ms_max": round(max(cpu) * 1e3, 3)}
 
 
@@ -205,7 +201,7 @@ def bench_publish(doc: dict[str, Any], runs: int, tmp: Path) -> dict[str, Any]:
         if i >= 5:
             cpu.append(time.thread_time() - t0)
     return {"runs": runs, "cpu_ms_median": round(statistics.median(cpu) * 1e3, 3),
-            "cpu_ms_p90": round(_q(cpu, 0.9) * 1e3, 3)}
+            "cpu_ms_p90": round(percentile(cpu, 0.9) * 1e3, 3)}
 
 
 def main() -> int:

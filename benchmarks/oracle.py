@@ -13,8 +13,8 @@ every configuration of a coarse grid
 interleaved: in every repetition all configurations once, in an order shuffled per repetition (seeded)
 so drift spreads over all of them. Each window is scored with the workload policy's objective; a
 configuration's J is the geometric mean over its windows with a 95 % CI on the log scale
-(polltuned.bench's statistics). The best configuration (lowest J, among those with at least half of
-their windows valid) is this host's oracle.
+(the bench's arm summary, polltuned.bench.comparison.summarise_arm). The best configuration
+(lowest J, among those with at least half of their windows valid) is this host's oracle.
 
 Writes (merging into an existing --out file, one entry per workload)::
 
@@ -86,27 +86,24 @@ def aggregate(labels: Sequence[str], configs: Sequence[Mapping[str, Any]], resul
     """Pure: per configuration the geometric-mean J with its log-scale CI, median p99, mean CPU;
     the best configuration (lowest J with at least half its windows valid) and the default's row
     (the first configuration whose assignment equals the defaults, if any)."""
-    from polltuned.bench import geo_mean, log_ci, window_objective
+    from polltuned.bench.comparison import summarise_arm
 
     by: dict[int, list[Any]] = {}
     for i, w in results:
         by.setdefault(i, []).append(w)
+
+    def r(x: float) -> float | None:
+        return round(x, 3) if math.isfinite(x) else None
+
     rows: list[dict[str, Any]] = []
     for i, (label, cfg) in enumerate(zip(labels, configs)):
         ws = by.get(i, [])
-        js = [j for w in ws if (j := window_objective(w, objective)) is not None]
-        p99 = [v for w in ws if w.ok and (v := w.stat("p99")) is not None]
-        cpu = [w.cpu_cores for w in ws if w.ok and w.cpu_cores is not None]
-        g = geo_mean(js)
-        lo, hi = log_ci(js, level)
-
-        def r(x: float) -> float | None:
-            return round(x, 3) if math.isfinite(x) else None
-
-        rows.append({"label": label, "config": dict(cfg), "windows": len(ws), "valid": len(js),
-                     "objective": r(g), "objective_ci95": [r(lo), r(hi)],
-                     "p99_us": r(statistics.median(p99)) if p99 else None,
-                     "cpu_cores": r(statistics.fmean(cpu)) if cpu else None,
+        # the bench's own arm summary: geometric-mean J and its log-scale CI, median p99, mean CPU
+        a = summarise_arm(label, cfg, ws, objective, level=level)
+        js = [j for j in a.values if j is not None]
+        rows.append({"label": label, "config": dict(cfg), "windows": a.windows, "valid": len(js),
+                     "objective": r(a.objective), "objective_ci95": [r(a.objective_ci[0]), r(a.objective_ci[1])],
+                     "p99_us": r(a.p99), "cpu_cores": r(a.cpu_cores),
                      "objective_samples": [r(j) for j in js]})
     eligible = [row for row in rows if row["objective"] is not None and row["valid"] * 2 >= max(1, row["windows"])]
     best = min(eligible, key=lambda row: row["objective"]) if eligible else None
@@ -121,7 +118,8 @@ def aggregate(labels: Sequence[str], configs: Sequence[Mapping[str, Any]], resul
 def sweep(workload: str, *, reps: int, window_s: float | None, seed: int, state_dir: Path,
           progress: Callable[[str], None], wait_quiet_s: float | None = None) -> dict[str, Any]:
     """One workload on the real kernel: the grid, interleaved and repeated; knobs restored after."""
-    from polltuned.bench import BenchSettings, bench_session, wait_for_quiet
+    from polltuned.bench.cpu import wait_for_quiet
+    from polltuned.bench.session import BenchSettings, bench_session
     from polltuned.clock import SystemClock
     from polltuned.host.fs import FsHost
 

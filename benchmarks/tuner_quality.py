@@ -72,9 +72,11 @@ from polltuned.engine.phases import WindowKind  # noqa: E402
 from polltuned.objective import value_of  # noqa: E402
 from polltuned.optimiser import make_optimiser  # noqa: E402
 from polltuned.optimiser.space import Space  # noqa: E402
+from polltuned.policy.edits import strip_seeds  # noqa: E402
 from polltuned.policy.loader import load_policy  # noqa: E402
 from polltuned.policy.schema import Policy  # noqa: E402
 from polltuned.records import KnobValue  # noqa: E402
+from polltuned.stats import percentile  # noqa: E402
 from polltuned.study import Study  # noqa: E402
 from polltuned.worlds.env import ScenarioEnv, default_config  # noqa: E402
 from polltuned.worlds.family import make_landscape, parse_name  # noqa: E402
@@ -225,20 +227,6 @@ def summarise(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[str, Any]]
     return out
 
 
-def quantile(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile that keeps infinities (numpy would return nan for inf - inf)."""
-    v = sorted(xs)
-    if not v:
-        return math.nan
-    pos = q * (len(v) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    if lo == hi or v[lo] == v[hi]:
-        return v[lo]
-    if math.isinf(v[hi]) or math.isinf(v[lo]):
-        return v[hi] if pos - lo > 0 else v[lo]
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
 def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per method, over every (landscape, seed) run: see the module docstring."""
     methods: list[str] = []
@@ -265,9 +253,9 @@ def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         out["methods"][method] = {
             "runs": len(runs(summaries, "kept")),
             "regret_deployed_median": statistics.median(reg) if reg else None,
-            "regret_deployed_p90": quantile(reg, 0.9) if reg else None,
+            "regret_deployed_p90": percentile(reg, 0.9) if reg else None,
             "excess_median": statistics.median(exc) if exc else None,
-            "excess_p90": quantile(exc, 0.9) if exc else None,
+            "excess_p90": percentile(exc, 0.9) if exc else None,
             "within5_frac": sum(within) / len(within) if within else None,
             "within5_runs": len(within),
             "cum_regret_median": statistics.median(cum) if cum else None,
@@ -423,12 +411,6 @@ def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200), reps: int
                 t_ref.append(time.process_time() - t0)
         rows.append(f"| {n} | {statistics.median(t_ours):.3f} | {statistics.median(t_ref):.3f} |")
     return "\n".join(rows)
-
-
-def strip_seeds(pol: Policy) -> Policy:
-    """The policy without any ``seeds`` entry (the engine must find the good values by itself)."""
-    knobs = {k: spec.model_copy(update={"seeds": []}) for k, spec in pol.knobs.items()}
-    return pol.model_copy(update={"knobs": knobs})
 
 
 def _summary_task(args: tuple[str, Policy, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:

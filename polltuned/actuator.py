@@ -741,3 +741,11 @@ class Actuator:
             out.append(ManagedKnob(h.key, h.baseline_value, h.last_value, live, state,
                                    tuple(sorted(h.released_parts))))
         return out
+
+
+def build_actuator(host: Host, state_dir: Path, clock: Clock, *, app_cpus: Sequence[int] = ()) -> Actuator:
+    """The one builder of the actuator (the daemon, the CLI's knob commands, ``sim`` and the bench):
+    its journal in ``state_dir`` (the journal creates the directory, 0700, at its first write) and
+    the knob registry with ``app_cpus``, the application CPUs the IRQ/vhost strategies keep clear."""
+    return Actuator(host, Journal(state_dir, clock=clock), registry=KnobRegistry(host, app_cpus=app_cpus),
+                    app_cpus=app_cpus, clock=clock)

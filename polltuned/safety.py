@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from polltuned.objective import Score
+from polltuned.stats import welch_log
 
 
 @dataclass(frozen=True)
@@ -73,33 +74,6 @@ class Verdict:
             "deploy": self.deploy,
             "reason": self.reason,
         }
-
-
-def welch_log(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[float, float, float, float]:
-    """One-sided Welch t-test of H1: mean(log b) < mean(log a).
-
-    Returns (d, p, d_high, d_low) with d = mean log b - mean log a and the (1 - alpha) one-sided
-    upper bound d_high (and the symmetric lower bound d_low).
-    """
-    from scipy.stats import t as student_t
-
-    la = [math.log(x) for x in a]
-    lb = [math.log(x) for x in b]
-    na, nb = len(la), len(lb)
-    ma, mb = sum(la) / na, sum(lb) / nb
-    va = sum((x - ma) ** 2 for x in la) / (na - 1)
-    vb = sum((x - mb) ** 2 for x in lb) / (nb - 1)
-    se2 = va / na + vb / nb
-    d = mb - ma
-    if se2 <= 0:
-        # identical windows: no evidence of spread; decide on the sign alone but call it unproven
-        return d, (0.0 if d < 0 else 1.0), d, d
-    se = math.sqrt(se2)
-    df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1)) if va + vb > 0 else na + nb - 2
-    tstat = d / se
-    p = float(student_t.cdf(tstat, df))
-    q = float(student_t.ppf(1 - alpha, df))
-    return d, p, d + q * se, d - q * se
 
 
 def confirm_verdict(baseline: Sequence[float], candidate: Sequence[float], *, alpha: float,

@@ -13,21 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from polltuned.bench import (
-    ArmSummary,
-    BenchEnv,
-    BenchResult,
-    compare_interleaved,
-    foreign_cores,
-    mean_ci,
-    parse_cpuidle_poll_us,
-    render_table,
-    summarise_arm,
-)
+from polltuned.bench.comparison import ArmSummary, compare_interleaved, summarise_arm
+from polltuned.bench.cpu import foreign_cores, parse_cpuidle_poll_us
+from polltuned.bench.env import BenchEnv
+from polltuned.bench.table import BenchResult, render_table
 from polltuned.clock import FakeClock
 from polltuned.host.fs import FsHost
 from polltuned.policy.schema import Objective
 from polltuned.records import Config, KnobValue, Window
+from polltuned.stats import mean_ci
 
 
 class FakeEnv:
@@ -147,7 +141,7 @@ def test_render_table_and_json() -> None:
 
 
 def test_log_ci_is_positive_where_the_t_interval_goes_negative() -> None:
-    from polltuned.bench import geo_mean, log_ci, nonneg_ci
+    from polltuned.stats import geo_mean, log_ci, nonneg_ci
 
     xs = [1.0, 50.0, 2.0]                      # very noisy: the plain t interval dips below zero
     assert mean_ci(xs)[0] < 0
@@ -162,7 +156,7 @@ def test_log_ci_is_positive_where_the_t_interval_goes_negative() -> None:
 @given(hst.lists(hst.floats(min_value=1e-6, max_value=1e9, allow_nan=False), min_size=2, max_size=30))
 @settings(max_examples=200, deadline=None)
 def test_log_ci_never_negative_property(xs: list[float]) -> None:
-    from polltuned.bench import geo_mean, log_ci
+    from polltuned.stats import geo_mean, log_ci
 
     lo, hi = log_ci(xs)
     g = geo_mean(xs)
@@ -171,7 +165,7 @@ def test_log_ci_never_negative_property(xs: list[float]) -> None:
 
 
 def test_paired_ratios_cancel_round_effects() -> None:
-    from polltuned.bench import paired_log_ratios, ratio_ci
+    from polltuned.stats import paired_log_ratios, ratio_ci
 
     # round effects x1, x3, x0.5 hit both arms; the arm is always half the default
     base = [100.0, 300.0, 50.0, 80.0]
@@ -187,7 +181,7 @@ def test_paired_ratios_cancel_round_effects() -> None:
 
 
 def test_stopping_rule() -> None:
-    from polltuned.bench import StopRule, comparison_done
+    from polltuned.bench.comparison import StopRule, comparison_done
 
     rule = StopRule(min_rounds=3, max_rounds=6, rel_halfwidth=0.15)
     tight = {"default": [100.0, 101.0, 99.0], "static": [50.0, 50.5, 49.5]}
@@ -222,7 +216,7 @@ class NoisyEnv(FakeEnv):
 
 
 def test_run_comparison_stops_early_when_tight_and_caps_when_noisy() -> None:
-    from polltuned.bench import StopRule, run_comparison, summarise_comparison
+    from polltuned.bench.comparison import StopRule, run_comparison, summarise_comparison
 
     obj = Objective(statistic="p99", combine="latency", cpu_weight=0.0)
     arms: dict[str, Config] = {"default": {"net.core.busy_read": 0}, "static": {"net.core.busy_read": 50}}
@@ -244,10 +238,11 @@ def test_run_comparison_stops_early_when_tight_and_caps_when_noisy() -> None:
 def test_strip_seeds_and_probe_fit() -> None:
     from types import SimpleNamespace
 
-    from polltuned.bench import bench_probe_config, strip_seeds
+    from polltuned.bench.session import bench_probe_config
+    from polltuned.bench.world import WORKLOADS, WorldConfig
+    from polltuned.policy.edits import strip_seeds
     from polltuned.policy.loader import load_policy
     from polltuned.policy.schema import CommandProbe, SockperfProbe
-    from polltuned.worlds.default import WORKLOADS, WorldConfig
 
     pol = load_policy("bench", nic="ptb-s/ptbs")
     assert pol.knobs["net.core.busy_read"].seeds == [50]
@@ -302,7 +297,7 @@ class StatHost:
 
 
 def test_wait_for_quiet() -> None:
-    from polltuned.bench import wait_for_quiet
+    from polltuned.bench.cpu import wait_for_quiet
 
     clock = FakeClock()
     host = StatHost([0.0] + [1.5] * 5 + [0.05] * 30)       # busy for 5 s, then quiet
@@ -344,7 +339,7 @@ def test_a_swallowed_interrupt_is_raised_at_the_next_window() -> None:
     import signal
     import time
 
-    from polltuned.bench import BenchInterrupted, raise_if_interrupted, signals_raise
+    from polltuned.bench.signals import BenchInterrupted, raise_if_interrupted, signals_raise
 
     class SignalledWhileFinalising:
         def __del__(self) -> None:

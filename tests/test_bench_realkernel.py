@@ -19,7 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from polltuned.bench import BenchSettings, render_table, run_bench
+from polltuned.bench.run import run_bench
+from polltuned.bench.session import BenchSettings
+from polltuned.bench.table import render_table
 from polltuned.clock import SystemClock
 from polltuned.host.fs import FsHost
 
@@ -108,7 +110,7 @@ def test_crashed_bench_is_cleaned_up(real_kernel: None, tmp_path: Path) -> None:
     """SIGKILL a bench right after its first real knob write; recover() puts everything back."""
     import signal
 
-    from polltuned.bench import recover
+    from polltuned.bench.session import recover
 
     if shutil.which("sockperf") is None:
         pytest.skip("sockperf not installed")
@@ -164,7 +166,7 @@ def test_sigint_and_sigterm_restore_everything(real_kernel: None, tmp_path: Path
         except subprocess.TimeoutExpired:
             proc.kill()  # never leave a bench running into the next test
             proc.communicate(timeout=30)
-            from polltuned.bench import recover
+            from polltuned.bench.session import recover
             recover(tmp_path / sig.name / "bench", host=host, clock=SystemClock())
             pytest.fail(f"{sig.name}: the bench did not stop within 60 s")
         assert changed or any("apply" in s for s in seen), "".join(seen)[-2000:]

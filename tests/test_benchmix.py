@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.benchmix import (
+from polltuned.bench.mix import (
     LAYOUTS,
     ArmStats,
     ClientWindow,

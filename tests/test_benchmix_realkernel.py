@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.benchmix import MixPaths, MixSettings, parse_client_log, render_mix_table, run_mix
+from polltuned.bench.mix import MixPaths, MixSettings, parse_client_log, render_mix_table, run_mix
 from polltuned.clock import SystemClock
 from polltuned.host.fs import FsHost
 

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from polltuned.bench import supported_knobs
 from polltuned.cli.main import main
 from polltuned.clock import FakeClock
 from polltuned.counters.sampler import Sampler
@@ -249,9 +248,11 @@ def test_status_shows_dropped_knobs_and_reload_refits(tmp_path: Path) -> None:
     assert "vhost:affinity" in d.dropped_knobs
 
 
-def test_bench_supported_knobs_is_detect(tmp_path: Path) -> None:
+def test_bench_fitting_is_detect(tmp_path: Path) -> None:
+    from polltuned.engine.builder import prepare_policy
+
     tree = build_tree(tmp_path / "r", "6.1")
     pol = load_policy("bench", nic="eth0")
-    fitted, dropped = supported_knobs(SimpleNamespace(registry=KnobRegistry(FsHost(tree))), pol)
+    fitted, dropped = prepare_policy(pol, SimpleNamespace(registry=KnobRegistry(FsHost(tree))))
     assert list(dropped) == ["eth0:napi:irq-suspend-timeout"]
     assert set(fitted.knobs) == set(pol.knobs) - set(dropped)

@@ -16,6 +16,7 @@ from types import ModuleType
 
 import pytest
 
+from polltuned.bench.world import WORKLOADS, DefaultWorld, nginx_conf, parse_listening
 from polltuned.clock import FakeClock
 from polltuned.errors import HostError, ProbeError, UsageError
 from polltuned.host.exec import ExecResult
@@ -35,7 +36,6 @@ from polltuned.probes.command import (
 )
 from polltuned.probes.factory import probe_opens_fresh_sockets
 from polltuned.records import Window
-from polltuned.worlds.default import WORKLOADS, DefaultWorld, nginx_conf, parse_listening
 
 FIX = Path(__file__).parent / "fixtures" / "bench"
 REPO = Path(__file__).resolve().parents[1]
@@ -459,7 +459,7 @@ def test_oracle_grid_schedule_and_aggregate() -> None:
 
 
 def test_load_oracle(tmp_path: Path) -> None:
-    from polltuned.bench import load_oracle
+    from polltuned.bench.session import load_oracle
 
     f = tmp_path / "o.json"
     f.write_text(json.dumps({"v": 1, "workloads": {"nginx": {"best": {"config": {"net.core.busy_poll": 50}}}}}))

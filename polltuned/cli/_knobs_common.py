@@ -7,12 +7,11 @@ import re
 from pathlib import Path
 
 from polltuned.actuator import Actuator
+from polltuned.actuator import build_actuator as make_actuator
 from polltuned.clock import SystemClock
 from polltuned.errors import UsageError
 from polltuned.host.cpus import parse_cpu_list
 from polltuned.host.fs import FsHost
-from polltuned.journal import Journal
-from polltuned.knobs.registry import KnobRegistry
 from polltuned.records import KnobValue
 
 
@@ -41,11 +40,8 @@ def make_host(args: argparse.Namespace) -> FsHost:
 
 
 def build_actuator(args: argparse.Namespace) -> Actuator:
-    host = make_host(args)
-    cpus = app_cpus(args)
-    clock = SystemClock()
-    return Actuator(host, Journal(args.state_dir, clock=clock), registry=KnobRegistry(host, app_cpus=cpus),
-                    app_cpus=cpus, clock=clock)
+    """The actuator of ``--host-root``, ``--state-dir`` and ``--app-cpus`` (polltuned.actuator's builder)."""
+    return make_actuator(make_host(args), Path(args.state_dir), SystemClock(), app_cpus=app_cpus(args))
 
 
 _ASCII_INT = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)

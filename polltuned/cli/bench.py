@@ -26,7 +26,7 @@ LOCK = "/tmp/polltuned-realkernel.lock"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from polltuned.worlds.default import WORKLOADS
+    from polltuned.bench.world import WORKLOADS
 
     p.add_argument("--workload", default="single", choices=[*WORKLOADS, "mix"],
                    help="single (default), parallel, shared-cpu, cpu-hog (sockperf); nginx (nginx + wrk); "
@@ -67,7 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.bench import BenchSettings, recover, render_table, run_bench
+    from polltuned.bench.run import run_bench
+    from polltuned.bench.session import BenchSettings, recover
+    from polltuned.bench.table import render_table
 
     host = FsHost(args.host_root)
     if not host.is_real:
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         no_seeds=args.no_seeds, oracle=Path(args.oracle) if args.oracle else None, wait_quiet_s=args.wait_quiet)
     mix = None
     if args.workload == "mix":
-        from polltuned.benchmix import DEFAULT_PHASE_S, DEFAULT_SCHEDULE, MixSettings, parse_schedule
+        from polltuned.bench.mix import DEFAULT_PHASE_S, DEFAULT_SCHEDULE, MixSettings, parse_schedule
 
         if args.oracle is not None or args.record or args.report or args.no_seeds or args.seed is not None:
             raise UsageError("--workload mix: --oracle, --record, --report, --no-seeds and --seed do not apply "
@@ -123,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.cleanup:
-            from polltuned.benchmix import MixPaths, mix_recover_daemon, stop_leftover_daemon
+            from polltuned.bench.mix import MixPaths, mix_recover_daemon, stop_leftover_daemon
 
             mpaths = MixPaths(settings.state_dir / "mix")
             stop_leftover_daemon(mpaths, host=host, clock=SystemClock(), progress=progress)
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                   f"namespaces removed: {', '.join(removed) or 'none'}")
             return 0
         if mix is not None:
-            from polltuned.benchmix import render_mix_table, run_mix
+            from polltuned.bench.mix import render_mix_table, run_mix
 
             mres = run_mix(mix, host=host, clock=SystemClock(), progress=progress)
         else:

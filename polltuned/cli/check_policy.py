@@ -26,7 +26,7 @@ from typing import Any
 from polltuned.cli._knobs_common import app_cpus
 from polltuned.errors import ExitCode, HostError, PolltunedError, UsageError
 from polltuned.host.fs import Host
-from polltuned.knobs.compat import APP_STRATEGIES, Compat, detect
+from polltuned.knobs.compat import APP_STRATEGIES, Compat
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.metrics.window import NicRates
 from polltuned.policy.schema import CommandProbe, Policy, PrometheusProbe, SockperfProbe, TcpRttProbe
@@ -166,13 +166,13 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
     file = str(find_policy(args.policy))
     if args.app_cpus:
         pol = pol.model_copy(update={"app_cpus": app_cpus(args)})
-    from polltuned.engine.builder import inert_knobs, without_knobs
+    from polltuned.engine.builder import fit_policy
 
     # the knobs the probe cannot see (busy_read under a probe of long-lived sockets), then what the
-    # host lacks: the same two steps as the daemon's prepare_policy
-    inert = inert_knobs(pol)
-    compat = detect(KnobRegistry(host, app_cpus=pol.app_cpus), without_knobs(pol, inert))  # exit 4 if none
-    dropped = {**inert, **compat.dropped}
+    # host lacks: the daemon's own fitting (exit 4 if nothing is left), printed below, not logged
+    fitted = fit_policy(pol, KnobRegistry(host, app_cpus=pol.app_cpus), logger=None)
+    assert fitted.compat is not None  # a host was given
+    compat, dropped = fitted.compat, fitted.dropped
     rows = needs(pol, proc_stat=host.exists("/proc/stat"))
     edits = app_cpus_edits(compat, pol, file) + probe_edits(rows, file)
     seconds = args.probe_window if args.probe_window is not None else min(pol.tuning.window_s, 2.0)

@@ -115,7 +115,8 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
              progress: TextIO | None = None) -> tuple[TuningResult | None, list[dict[str, object]]]:
     """Build Actuator + Journal + SimProbe + HostEnv on a fake tree (the engine's one builder) and
     drive the engine."""
-    from polltuned.engine.builder import build_actuator, build_engine, build_env, prepare_policy
+    from polltuned.actuator import build_actuator
+    from polltuned.engine.builder import build_engine, build_env, prepare_policy
     from polltuned.engine.driver import drive
     from polltuned.engine.phases import Event, Phase
     from polltuned.host.fs import FsHost
@@ -126,7 +127,8 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
     clk = clock
     make_fake_host_tree(host_root, pol.knobs)
     host = FsHost(host_root)
-    actuator = build_actuator(host, state_dir, pol, clk)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    actuator = build_actuator(host, state_dir, clk, app_cpus=pol.app_cpus)
     journal = actuator.journal
     probe = SimProbe(host, pol, scenario, seed, clock=clk)
     # the world is measured by the sim probe (fresh sockets every window), whatever the policy's

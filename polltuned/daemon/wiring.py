@@ -181,13 +181,15 @@ def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, co
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,
                  max_rounds: int | None = None, observe: bool = False,
                  study: StudyConfig | None = None) -> Daemon:
-    from polltuned.engine.builder import build_actuator, build_engine, prepare_policy
+    from polltuned.actuator import build_actuator
+    from polltuned.engine.builder import build_engine, prepare_policy
     from polltuned.host.identity import host_fingerprint
     from polltuned.study.select import open_for_host
 
     host = FsHost(host_root)
     sd = Path(state_dir)
-    actuator = build_actuator(host, sd, policy, clock)
+    sd.mkdir(parents=True, exist_ok=True)
+    actuator = build_actuator(host, sd, clock, app_cpus=policy.app_cpus)
     policy, dropped = prepare_policy(policy, actuator)
     counters = CountersView(host, clock, policy.nic_device)
     windows = WindowCounts()

@@ -1,8 +1,8 @@
 """The one builder of the engine: the daemon, ``polltuned sim`` and ``polltuned bench`` all go
 through these functions, so they tune the same engine over the same parts.
 
+    host + state dir --polltuned.actuator.build_actuator--> journal + actuator (the policy's app_cpus)
     policy --prepare_policy--> (knobs this host has and this probe can see)
-    host + state dir --build_actuator--> journal + actuator (with the policy's app_cpus)
     actuator + probe --build_env--> HostEnv
     current values + study --build_engine--> Engine (driven by engine.driver.drive or the controller)
 
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from polltuned.clock import Clock
 from polltuned.engine.core import Engine
 from polltuned.engine.env import CpuSampler, CpuScopeLike, HostEnv, TrialEnv
+from polltuned.errors import KnobUnsupported
+from polltuned.knobs.compat import Compat, KnobSource, detect, log_compat
 from polltuned.knobs.keys import Effect
 from polltuned.optimiser import Optimiser
 from polltuned.policy.schema import Policy
@@ -57,41 +59,47 @@ def without_knobs(policy: Policy, drop: Mapping[str, str]) -> Policy:
     return policy.model_copy(update={"knobs": knobs})
 
 
-def prepare_policy(policy: Policy, actuator: Any | None = None) -> tuple[Policy, dict[str, str]]:
-    """The policy restricted to knobs the probe can see and this host has (polltuned.knobs.compat:
-    missing knobs dropped, refused values and out-of-domain ranges narrowed), with one log line per
-    dropped knob; the dropped ones with their reasons. Raises KnobUnsupported (exit 4) when nothing
-    is left to tune."""
-    from polltuned.errors import KnobUnsupported
+@dataclass(frozen=True)
+class FittedPolicy:
+    """A policy fitted to this host and its probe (:func:`fit_policy`)."""
 
+    #: what is tuned here: the knobs the probe can see and the host has, ranges narrowed
+    policy: Policy
+    #: knob -> why it is not tuned (the probe cannot see it, or the host lacks it)
+    dropped: dict[str, str]
+    #: the host check (polltuned.knobs.compat); None when no host was given
+    compat: Compat | None
+
+
+def fit_policy(policy: Policy, source: KnobSource | None = None, *,
+               logger: logging.Logger | None = log) -> FittedPolicy:
+    """The one policy fitting (daemon, reloads, ``sim``, ``check`` and the bench): knobs the probe
+    cannot see dropped (:func:`inert_knobs`), then, with ``source`` (a KnobRegistry or the Actuator
+    carrying one), knobs this host lacks dropped and refused values or out-of-domain ranges
+    narrowed (polltuned.knobs.compat). One log line per dropped knob on ``logger`` (None: silent).
+    Raises KnobUnsupported (exit 4) when nothing is left to tune."""
     inert = inert_knobs(policy)
-    for key, why in inert.items():
-        log.warning("knob %s not tuned: %s", key, why, extra={"knob": key, "policy": policy.name})
+    if logger is not None:
+        for key, why in inert.items():
+            logger.warning("knob %s not tuned: %s", key, why, extra={"knob": key, "policy": policy.name})
     kept = without_knobs(policy, inert)
     dropped = dict(inert)
     if not kept.knobs:
         raise KnobUnsupported(f"policy {policy.name}: no knob left to tune ("
                               + "; ".join(f"{k}: {why}" for k, why in inert.items()) + ")")
-    if actuator is not None:
-        from polltuned.knobs.compat import detect, log_compat
+    if source is None:
+        return FittedPolicy(kept, dropped, None)
+    compat = detect(source, kept)
+    if logger is not None:
+        log_compat(compat, logger)
+    dropped.update(compat.dropped)
+    return FittedPolicy(compat.policy, dropped, compat)
 
-        compat = detect(actuator, kept)
-        log_compat(compat, log)
-        kept = compat.policy
-        dropped.update(compat.dropped)
-    return kept, dropped
 
-
-def build_actuator(host: Any, state_dir: Path, policy: Policy, clock: Clock) -> Any:
-    """Journal + actuator for ``host`` (the policy's app_cpus reach the IRQ/vhost strategies)."""
-    from polltuned.actuator import Actuator
-    from polltuned.journal import Journal
-    from polltuned.knobs.registry import KnobRegistry
-
-    state_dir.mkdir(parents=True, exist_ok=True)
-    journal = Journal(state_dir, clock=clock)
-    return Actuator(host, journal, registry=KnobRegistry(host, app_cpus=policy.app_cpus),
-                    app_cpus=policy.app_cpus, clock=clock)
+def prepare_policy(policy: Policy, source: KnobSource | None = None) -> tuple[Policy, dict[str, str]]:
+    """:func:`fit_policy`'s policy and dropped knobs (with their reasons), logged."""
+    fitted = fit_policy(policy, source)
+    return fitted.policy, fitted.dropped
 
 
 def build_env(policy: Policy, actuator: Any, probe: Probe, clock: Clock, *,

@@ -63,6 +63,7 @@ from polltuned.optimiser.space import Space
 from polltuned.policy.schema import Policy
 from polltuned.records import KnobValue, Window
 from polltuned.safety import Verdict, confirm_verdict
+from polltuned.stats import mean_log
 from polltuned.study import Study
 from polltuned.study.base import SessionLog
 
@@ -274,7 +275,7 @@ class Engine:
             self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP)
             return Phase.DONE
         if a and b:
-            d = _mean_log(b) - _mean_log(a)
+            d = mean_log(b) - mean_log(a)
             if d <= 0.0:
                 verdict = Verdict(tuple(a), tuple(b), 1 - math.exp(d), math.nan, math.nan, math.nan, False, True,
                                   f"confirmed configuration re-applied; still {1 - math.exp(d):+.1%} vs "
@@ -650,7 +651,7 @@ class Engine:
                 return "candidate broke a constraint during confirmation: " + "; ".join(s.reasons)
             (a if arm == "A" else b).append(s.value)
             if arm == "B" and a:
-                d = _mean_log(b) - _mean_log(a)
+                d = mean_log(b) - mean_log(a)
                 lim = guard_limit(pol.guard.max_regression, sd * math.sqrt(1 / len(a) + 1 / len(b)))
                 if d > lim:
                     return (f"candidate broke the guard during confirmation: {math.exp(d) - 1:+.0%} vs "
@@ -689,10 +690,6 @@ class Engine:
 
     def _reason(self) -> str:
         return self.state.result.reason if self.state.result else ""
-
-
-def _mean_log(xs: Sequence[float]) -> float:
-    return sum(math.log(x) for x in xs) / len(xs)
 
 
 def _fmt(cfg: Mapping[str, KnobValue], base: Mapping[str, KnobValue]) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from polltuned.errors import KnobUnsupported, PolltunedError
 from polltuned.knobs.base import Knob
@@ -37,6 +37,10 @@ APP_STRATEGIES = ("pack-app", "avoid-app")
 class _HasRegistry(Protocol):
     @property
     def registry(self) -> KnobRegistry: ...
+
+
+#: where the knobs are looked up: a KnobRegistry, or anything carrying one (the Actuator)
+KnobSource: TypeAlias = "KnobRegistry | _HasRegistry"
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ def fit_knob(knob: Knob, spec: KnobSpec) -> tuple[KnobSpec | None, str]:
     return _fit_numeric(knob, spec)
 
 
-def detect(source: KnobRegistry | _HasRegistry, policy: Policy) -> Compat:
+def detect(source: KnobSource, policy: Policy) -> Compat:
     """Decide, per knob of ``policy``, whether this host has it; return the policy without the
     missing ones (see the module doc). ``source``: a KnobRegistry or anything carrying one
     (the Actuator). Raises KnobUnsupported when no knob is left."""

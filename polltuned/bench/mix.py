@@ -1,6 +1,6 @@
 """``polltuned bench --workload mix``: the daemon, unattended, on a world whose load changes.
 
-World (polltuned/worlds/default.py: ``ptb-c``/``ptb-s``, veth 198.18.230.1/2, veth NAPI active): ONE
+World (polltuned/bench/world.py: ``ptb-c``/``ptb-s``, veth 198.18.230.1/2, veth NAPI active): ONE
 sockperf server (UDP, pinned to CPU1) runs for the whole bench and is never restarted. The client
 side alternates between phases (default ``single, shared, single, shared``, ``--phase-s`` each):
 
@@ -20,7 +20,7 @@ values) and the client's per-window log (which load each window ran, its p99). A
 SIGTERM (it finishes the window, restores its originals and exits); its journal must then be clean.
 
 Afterwards the bench measures, for every load, in interleaved rounds (loads alternate too, arms
-in a rotating order; polltuned.bench's statistics): the kernel defaults, tuned's static 50/50, the
+in a rotating order; polltuned.bench.comparison): the kernel defaults, tuned's static 50/50, the
 daemon's FIRST deployment held for the whole run (what the previous release does), the deployment
 the daemon held in each phase (following the load), and a small sweep; the phase's own best
 configuration (the oracle) is the best arm measured for that load. From the timeline it reports per
@@ -51,22 +51,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polltuned.bench import (
-    STATIC_OVERRIDES,
-    StopRule,
-    comparison_done,
-    geo_mean,
-    raise_if_interrupted,
-    signals_raise,
-    summarise_arm,
-    window_objective,
-)
+from polltuned.actuator import build_actuator
+from polltuned.bench.comparison import STATIC_OVERRIDES, StopRule, comparison_done, summarise_arm, window_objective
+from polltuned.bench.cpu import foreign_cores, wait_for_quiet
+from polltuned.bench.env import BenchEnv
+from polltuned.bench.session import host_env, recover
+from polltuned.bench.signals import raise_if_interrupted, signals_raise
+from polltuned.bench.world import DefaultWorld, Workload
 from polltuned.clock import Clock
 from polltuned.errors import HostError, PolltunedError, UsageError
 from polltuned.host.fs import Host
 from polltuned.host.mixclient import PhaseLoad, write_phase
 from polltuned.policy.schema import Objective
 from polltuned.records import KnobValue, Window
+from polltuned.stats import geo_mean
 
 log = logging.getLogger("polltuned.bench")
 
@@ -683,9 +681,7 @@ def daemon_policy_toml(base: Path, argv: Sequence[str], netns: str, *, budget: i
 def mix_recover(state_dir: Path, *, host: Host, clock: Clock,
                 progress: Callable[[str], None] = lambda s: None) -> bool:
     """Undo what a crashed mix bench left: the daemon's journal (if it was killed), then the bench's
-    own journal and ``ptb-*`` namespaces (polltuned.bench.recover). Returns whether knobs were dirty."""
-    from polltuned.bench import recover
-
+    own journal and ``ptb-*`` namespaces (polltuned.bench.session.recover). Returns whether knobs were dirty."""
     paths = MixPaths(state_dir / "mix")
     stop_leftover_daemon(paths, host=host, clock=clock, progress=progress)
     dirty = mix_recover_daemon(MixPaths(state_dir / "mix"), host=host, clock=clock, progress=progress)
@@ -757,12 +753,10 @@ class _Run:
 def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
             progress: Callable[[str], None] = lambda s: None) -> MixResult:
     """The whole mix bench on the real host. Needs root; hold /tmp/polltuned-realkernel.lock around it."""
-    from polltuned.bench import BenchEnv, _host_env, supported_knobs, wait_for_quiet
-    from polltuned.engine.builder import build_actuator
+    from polltuned.engine.builder import prepare_policy
     from polltuned.host.exec import SubprocessRunner, foreign_cpu_seconds
     from polltuned.policy.loader import load_policy
     from polltuned.probes.factory import make_probe
-    from polltuned.worlds.default import DefaultWorld, Workload
 
     for name in settings.schedule:
         if name not in LAYOUTS:
@@ -820,15 +814,15 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
                 raise HostError("bench mix: the daemon did not restore the host on exit",
                                 hint="see " + str(paths.daemon_log))
             # ---- the comparison, with the bench's own actuator (after the daemon restored everything)
-            actuator = build_actuator(host, state_dir, policy, clock)
-            fitted, dropped = supported_knobs(actuator, policy)
+            actuator = build_actuator(host, state_dir, clock, app_cpus=policy.app_cpus)
+            fitted, dropped = prepare_policy(policy, actuator)
             policy = policy.model_copy(update={"knobs": dict(fitted.knobs)})
             probe_cfg = policy.probe.model_copy(update={"argv": client_argv(paths, c.server_addr, c.port,
                                                                              paths.compare_log)})
             policy = policy.model_copy(update={"probe": probe_cfg})
             probe = make_probe(probe_cfg, host, clock=clock, runner=runner)
             probe.start()
-            env = BenchEnv(_host_env(policy, actuator, probe, host, clock), host=host, clock=clock,
+            env = BenchEnv(host_env(policy, actuator, probe, host, clock), host=host, clock=clock,
                            workload="mix", foreign=lambda: foreign_cpu_seconds(owner))
             env.phase = "compare"
             defaults = env.current()
@@ -930,12 +924,10 @@ def stop_leftover_daemon(paths: MixPaths, *, host: Host, clock: Clock,
 def mix_recover_daemon(paths: MixPaths, *, host: Host, clock: Clock,
                        progress: Callable[[str], None] = lambda s: None) -> bool:
     """Roll back the daemon's journal if it is dirty (the daemon was killed). Returns whether it was."""
-    from polltuned.actuator import Actuator
-    from polltuned.journal import Journal
 
     if not paths.daemon_state.is_dir():
         return False
-    act = Actuator(host, Journal(paths.daemon_state, clock=clock), clock=clock)
+    act = build_actuator(host, paths.daemon_state, clock)
     if not act.is_dirty():
         return False
     progress("the daemon left knobs changed: rolling them back from its journal")
@@ -946,7 +938,6 @@ def mix_recover_daemon(paths: MixPaths, *, host: Host, clock: Clock,
 def _unattended(settings: MixSettings, paths: MixPaths, daemon: DaemonProcess, clock: Clock,
                 progress: Callable[[str], None], *, foreign: Callable[[], Mapping[int, float]]) -> _Run:
     """Run the phases while the daemon tunes; sample its status every second; stop it at the end."""
-    from polltuned.bench import foreign_cores
     from polltuned.daemon.status import read_status
 
     spans: list[PhaseSpan] = []
@@ -988,11 +979,9 @@ def _unattended(settings: MixSettings, paths: MixPaths, daemon: DaemonProcess, c
     fc = foreign_cores(f0, foreign(), run_s)
     restored = clean and exit_code == 0
     if restored:
-        from polltuned.actuator import Actuator
         from polltuned.host.fs import FsHost
-        from polltuned.journal import Journal
 
-        act = Actuator(FsHost("/"), Journal(paths.daemon_state, clock=clock), clock=clock)
+        act = build_actuator(FsHost("/"), paths.daemon_state, clock)
         restored = not act.is_dirty()
     try:
         windows = parse_client_log(paths.client_log.read_text())
@@ -1008,7 +997,7 @@ Wins = dict[str, dict[str, list[Window]]]
 def _compare(env: Any, paths: MixPaths, arms: Arms, layouts: Sequence[str], objective: Objective, rule: StopRule,
              progress: Callable[[str], None]) -> tuple[Wins, dict[str, int], dict[str, str]]:
     """Interleaved rounds: loads alternate, and within a load every configuration once in a rotating order.
-    A load stops once :func:`polltuned.bench.comparison_done` says so (or at the hard cap)."""
+    A load stops once :func:`polltuned.bench.comparison.comparison_done` says so (or at the hard cap)."""
     ids = list(arms.configs)
     wins: Wins = {lay: {cid: [] for cid in ids} for lay in layouts}
     done: dict[str, str] = {}

@@ -9,11 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.clock import FakeClock
-from polltuned.errors import HostError, UsageError
-from polltuned.host.exec import ExecResult
-from polltuned.host.fs import FsHost
-from polltuned.worlds.default import (
+from polltuned.bench.world import (
     MARKER,
     WORKLOADS,
     DefaultWorld,
@@ -22,6 +18,10 @@ from polltuned.worlds.default import (
     get_workload,
     parse_napi_packets,
 )
+from polltuned.clock import FakeClock
+from polltuned.errors import HostError, UsageError
+from polltuned.host.exec import ExecResult
+from polltuned.host.fs import FsHost
 
 ETHTOOL_S = """NIC statistics:
      peer_ifindex: 2
