@@ -212,7 +212,7 @@ def test_timeline_held_exploring_and_switch_delay() -> None:
     dws = attribute_windows([*windows, ClientWindow(1, 2, None, None, None, False)], samples)
     assert len(dws) == len(windows)
     assert first_deployment(dws) == BR
-    r = analyse_timeline(spans, dws)
+    r = analyse_timeline(spans, dws, DEF)
     assert [p.windows for p in r] == [6, 6, 3, 2]
     assert [p.exploring for p in r] == [4, 2, 0, 2]
     assert [p.held for p in r] == [BR, DEF, BR, None]
@@ -221,12 +221,15 @@ def test_timeline_held_exploring_and_switch_delay() -> None:
     assert (r[1].switch_windows, r[1].switch_s) == (4, 50.0)   # BR, BR, search, confirm, then the defaults
     assert (r[2].switch_windows, r[2].switch_s) == (1, 20.0)
     assert r[3].switch_windows is None and "never in HOLD" in r[3].note
+    # before its first deployment the originals stand in
+    early = analyse_timeline(spans[:1], [w for w in dws if w.exploring and w.phase == 0], DEF)
+    assert early[0].held is None and early[0].follow == DEF and "originals" in early[0].note
     assert r[1].live_p99_median == pytest.approx(60.5) and r[1].hold_p99_median == pytest.approx(60.5)
     assert r[2].live_p99_median == pytest.approx(20.0)
     # a phase that keeps what the previous one held from its first window on switches in 0 windows
     kept = analyse_timeline([PhaseSpan(0, "single", 0, 100), PhaseSpan(1, "shared", 100, 200)],
                             attribute_windows([windows[4], ClientWindow(110, 113, 1, "shared", 50.0, True)],
-                                              [samples[4], StatusSample(109, "HOLD", dict(BR))]))
+                                              [samples[4], StatusSample(109, "HOLD", dict(BR))]), DEF)
     assert (kept[1].switch_windows, kept[1].switch_s) == (0, 0.0) and "kept" in kept[1].note
 
 
@@ -251,7 +254,7 @@ def _st(j: float, p99: float) -> ArmStats:
 def _result() -> MixResult:
     spans, samples, windows = _timeline()
     dws = attribute_windows(windows, samples)
-    reports = analyse_timeline(spans, dws)
+    reports = analyse_timeline(spans, dws, DEF)
     arms = build_arms(DEF, first_deployment(dws), [p.follow for p in reports], sweep=())
     d, s, b = arms.labels["default"], arms.labels["static"], arms.labels["first"]
     per = {"single": {d: _st(40.0, 30.0), s: _st(22.0, 16.0), b: _st(20.0, 15.0)},

@@ -257,8 +257,10 @@ def attribute_windows(windows: Sequence[ClientWindow], samples: Sequence[StatusS
     return out
 
 
-def analyse_timeline(spans: Sequence[PhaseSpan], windows: Sequence[DaemonWindow]) -> list[PhaseReport]:
-    """Pure: per phase, what the daemon did (see :class:`PhaseReport`)."""
+def analyse_timeline(spans: Sequence[PhaseSpan], windows: Sequence[DaemonWindow],
+                     defaults: Mapping[str, KnobValue]) -> list[PhaseReport]:
+    """Pure: per phase, what the daemon did (see :class:`PhaseReport`); ``defaults`` (the
+    originals) stand in for a phase before the daemon's first deployment."""
     reports: list[PhaseReport] = []
     prev_held: dict[str, KnobValue] | None = None
     for sp in spans:
@@ -269,9 +271,9 @@ def analyse_timeline(spans: Sequence[PhaseSpan], windows: Sequence[DaemonWindow]
         sw_s: float | None = None
         note = ""
         if held is None:
-            note = "never in HOLD during this phase"
-            if prev_held is not None:
-                note += ": its previous deployment stands in"
+            note = "never in HOLD during this phase: " + (
+                "its previous deployment stands in" if prev_held is not None else
+                "the originals stand in (what it measures its candidates against)")
         elif sp.index > 0:
             if prev_held is not None and config_key(prev_held) == config_key(held) and (
                     ws and not ws[0].exploring and config_key(ws[0].config) == config_key(held)):
@@ -286,7 +288,8 @@ def analyse_timeline(spans: Sequence[PhaseSpan], windows: Sequence[DaemonWindow]
         hp99 = [w.window.p99 for w in hold if w.window.ok and w.window.p99 is not None]
         reports.append(PhaseReport(
             index=sp.index, layout=sp.layout, windows=len(ws), exploring=sum(1 for w in ws if w.exploring),
-            held=held, follow=held if held is not None else prev_held, t_start=sp.t_start, t_end=sp.t_end,
+            held=held, follow=held if held is not None else prev_held if prev_held is not None else dict(defaults),
+            t_start=sp.t_start, t_end=sp.t_end,
             switch_windows=sw_n, switch_s=sw_s,
             live_p99_median=statistics.median(p99s) if p99s else math.nan,
             hold_p99_median=statistics.median(hp99) if hp99 else math.nan, note=note))
@@ -827,7 +830,7 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
             env.phase = "compare"
             defaults = env.current()
             dws = attribute_windows(run.windows, run.samples)
-            reports = analyse_timeline(run.spans, dws)
+            reports = analyse_timeline(run.spans, dws, defaults)
             first = first_deployment(dws)
             arms = build_arms(defaults, first, [r.follow for r in reports])
             layouts = list(dict.fromkeys(settings.schedule))

@@ -44,9 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="search windows, 3..10000 (default: the policy's)")
     p.add_argument("--window", type=finite_float(0, 3600), metavar="S",
                    help="seconds per window, > 0 and <= 3600 (default: the policy's)")
-    p.add_argument("--rounds", type=int_range(1, 100), default=8, metavar="N",
-                   help="at least N interleaved rounds of the final comparison, 1..100 (default 8); more, up "
-                        "to --max-rounds, until every arm's 95%% CI of J is within ±15%%")
+    p.add_argument("--rounds", type=int_range(1, 100), default=None, metavar="N",
+                   help="at least N interleaved rounds of the final comparison, 1..100 (default 8; 6 per load for "
+                        "--workload mix); more, up to --max-rounds, until every arm's 95%% CI of J is within ±15%%")
     p.add_argument("--max-rounds", type=int_range(1, 200), metavar="N",
                    help="hard cap on comparison rounds (default 2 x --rounds)")
     p.add_argument("--oracle", metavar="FILE",
@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
                                hint="sudo polltuned bench")
     if args.budget is not None and args.budget < 3:
         raise UsageError(f"--budget: must be >= 3 (got {args.budget})")
+    if args.rounds is None:
+        args.rounds = 6 if args.workload == "mix" else 8
     if args.rounds < 1:
         raise UsageError(f"--rounds: must be >= 1 (got {args.rounds})")
     if args.wait_quiet is not None and not (0 <= args.wait_quiet <= 86400):
@@ -103,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
         mix = MixSettings(
             schedule=parse_schedule(args.phases) if args.phases else DEFAULT_SCHEDULE,
             phase_s=args.phase_s if args.phase_s is not None else DEFAULT_PHASE_S, policy=args.policy,
-            budget=args.budget, window_s=args.window, compare_rounds=args.rounds, max_rounds=args.max_rounds,
+            budget=args.budget, window_s=args.window, compare_rounds=args.rounds,
+            # the mix run is long already: no extension past --rounds unless --max-rounds asks for it
+            max_rounds=args.max_rounds if args.max_rounds is not None else args.rounds,
             state_dir=Path(args.state_dir) / "bench", wait_quiet_s=args.wait_quiet)
     elif args.phases is not None or args.phase_s is not None:
         raise UsageError("--phases and --phase-s apply to --workload mix only")
@@ -145,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
     if mix is not None:
+        if args.json:
+            progress(render_mix_table(mres))   # the table on stderr, the document on stdout
         print(json.dumps(mres.to_json(), indent=1, default=str) if args.json else render_mix_table(mres))
         return 0 if mres.restored else 1
     if args.json:
