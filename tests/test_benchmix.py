@@ -146,6 +146,8 @@ def test_parse_schedule() -> None:
         with pytest.raises(UsageError, match=why):
             parse_schedule(bad)
     assert LAYOUTS["shared"].client_cpus == (1,) and LAYOUTS["single"].client_cpus == (0,)
+    # the two loads are further apart than the engine's default region radius (log(1 + flows))
+    assert math.log1p(LAYOUTS["shared"].sessions) - math.log1p(LAYOUTS["single"].sessions) > 0.7
 
 
 def test_daemon_policy_points_the_shipped_policy_at_this_runs_files(tmp_path: Path) -> None:
@@ -159,6 +161,7 @@ def test_daemon_policy_points_the_shipped_policy_at_this_runs_files(tmp_path: Pa
     assert pol.probe.argv[pol.probe.argv.index("--phase-file") + 1] == str(paths.phase_file)
     assert pol.probe.argv[pol.probe.argv.index("--log") + 1] == str(paths.client_log)
     assert pol.probe.statistic_map["p99"] == "$.latency_us.p99"
+    assert pol.probe.statistic_map["sessions"] == "$.sessions"   # the load's size (context: flows)
     assert "ptb-s/ptbs:napi_defer_hard_irqs" in pol.knobs and not any("haltpoll" in k for k in pol.knobs)
     assert pol.on_exit == "restore"
     plain = load_policy(str(REPO / "policies" / "bench-mix.toml"), nic="ptb-s/ptbs")

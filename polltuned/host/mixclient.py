@@ -5,7 +5,7 @@
 
 The bench keeps one sockperf server running in ``ptb-s`` for the whole run and changes the client
 side between phases by rewriting ``--phase-file`` (``{"v": 1, "phase": 2, "layout": "shared",
-"sessions": 3, "client_cpus": [1]}``, written atomically). The daemon under test runs this module
+"sessions": 4, "client_cpus": [1]}``, written atomically). The daemon under test runs this module
 as its ``command`` probe, inside ``ptb-c``, once per window, and is told nothing: the phase file is
 read here, not by the daemon, and the JSON printed on stdout carries only latencies and rate.
 
