@@ -56,10 +56,12 @@ from polltuned.clock import Clock
 from polltuned.errors import (
     HostError,
     JournalError,
+    JournalUnverified,
     KnobUnsupported,
     ParseError,
     PermissionNeeded,
     PolltunedError,
+    StateNotWritable,
 )
 from polltuned.host.fs import Host
 from polltuned.journal import COMPACT_BYTES, BaselineCopy, Journal, JournalState, KnobHistory
@@ -98,11 +100,19 @@ class RollbackItem:
     detail: str = ""
 
 
+#: a rollback item's detail when the journal's record of polltuned's last write of the knob may be
+#: lost (a damaged, short or unverified journal): the knob is restored, never released
+EVIDENCE_LOST = "the journal's record of polltuned's last write is lost: restored, not taken for an admin change"
+
+
 @dataclass(frozen=True)
 class RollbackReport:
     items: tuple[RollbackItem, ...]
     clean: bool                       # epoch closed: nothing of polltuned's left on the host
     was_dirty: bool
+    #: what still makes the rollback an error after every restore: the journal could not record it
+    #: (state-not-writable) or cannot be proven complete (journal-unverified)
+    problem: PolltunedError | None = None
 
     @property
     def ok(self) -> bool:
@@ -110,7 +120,7 @@ class RollbackReport:
 
 
 VerifyState = Literal["holds", "admin-changed", "partly-released", "kernel-reset", "gone", "released", "restored",
-                      "interrupted"]
+                      "interrupted", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -164,15 +174,19 @@ class ApplyPlan:
 
 @dataclass(frozen=True)
 class JournalHealth:
-    """``clean`` / ``dirty`` / ``corrupt`` for status. ``corrupt`` carries the error and, when the
-    baseline copy is usable, the knobs it lists with their live values (``from_copy``)."""
+    """``clean`` / ``dirty`` / ``corrupt`` / ``unknown`` for status. ``corrupt`` carries the error and,
+    when the baseline copy is usable, the knobs it lists with their live values (``from_copy``).
+    ``unknown``: the journal cannot be proven complete (copy missing or damaged) and no knob it
+    knows carries a polltuned value: never reported as clean (error: JournalUnverified)."""
 
-    state: Literal["clean", "dirty", "corrupt"]
+    state: Literal["clean", "dirty", "corrupt", "unknown"]
     error: JournalError | None = None
     note: str = ""
     from_copy: tuple[ManagedKnob, ...] = ()
     #: corrupt, but the baseline copy is usable: ``rollback`` can restore from it
     restorable: bool = False
+    #: clean, but these knobs were released to the admin in the last epoch (left as the admin set them)
+    released: tuple[str, ...] = ()
 
 
 class JournalRecovered(JournalError):
@@ -195,6 +209,25 @@ class JournalRecovered(JournalError):
 
 
 Record = Callable[..., object]
+
+
+def _tolerant(record: Record) -> tuple[Record, list[StateNotWritable]]:
+    """``record`` that, once the state directory cannot take a write (disk full, read-only), only
+    logs: the rollback goes on restoring knobs (the host matters more than the record); the caller
+    reports the failure (the list holds it)."""
+    lost: list[StateNotWritable] = []
+
+    def rec(type_: str, **payload: object) -> None:
+        if not lost:
+            try:
+                record(type_, **payload)
+                return
+            except StateNotWritable as e:
+                lost.append(e)
+                log.error("%s: rollback goes on without journaling", e.message)
+        log.info("unjournaled: %s %s", type_, payload.get("key", ""))
+
+    return rec, lost
 
 
 class _Pauser:
@@ -318,8 +351,10 @@ class Actuator:
             skipped: list[str] = []
             # 2. admin wins (checked for every managed knob, so later changes are our side effects);
             #    knobs with parts (IRQ affinity) may lose only some parts to the admin
+            if st.unverified:
+                log.warning("%s: no knob is taken for an admin change in this transaction", st.unverified)
             for key, h in st.knobs.items():
-                if h.released or h.gone:
+                if h.released or h.gone or st.unverified:
                     continue
                 if self._admin_changed(key, h):
                     released_now.append(key)
@@ -377,6 +412,7 @@ class Actuator:
             except Exception as e:
                 failures = self._undo(knobs, touched, pre, txn)
                 self.journal.append("txn-end", txn=txn, ok=False, error=str(e))
+                self.journal.sync_copy(mark=True)
                 msg = e.message if isinstance(e, PolltunedError) else f"{type(e).__name__}: {e}"
                 if failures:
                     msg += "; undo failed for " + ", ".join(failures) + " (run `polltuned rollback`)"
@@ -393,6 +429,7 @@ class Actuator:
                 if not _same(live, h.last_value):
                     self.journal.append("observed", key=key, value=live, txn=txn)
             self.journal.append("txn-end", txn=txn, ok=True)
+            self.journal.sync_copy(mark=True)  # the copy vouches for the journal's length (journal.py)
         for c in changes:
             # unchanged knobs are rewritten on every trial (the assignment is whole): only real changes at info
             log.log(logging.INFO if c.before != c.after else logging.DEBUG, "%s: %r -> %r%s", c.key, c.before,
@@ -526,17 +563,34 @@ class Actuator:
                 self._rollback_damaged(damage)
             if st.copy_note:
                 log.warning("%s", st.copy_note)
+            unverified = JournalUnverified(
+                f"{st.unverified}; host state unknown: every knob the journal records is restored, but a knob "
+                "first changed in records that may be lost cannot be known", hint="check the knobs by hand "
+                "(`polltuned check`); the baseline copy is rewritten, so the next status is verified again") \
+                if st.unverified else None
             if not st.open:
-                self.journal.sync_copy(st)
-                return RollbackReport((), True, False)
-            items = self._restore_all(st, self.journal.append)
+                try:
+                    self.journal.sync_copy(st, mark=True)
+                except StateNotWritable as e:
+                    return RollbackReport((), True, False, e)
+                return RollbackReport((), True, False, unverified)
+            if st.unverified:  # the record of polltuned's last write may be lost: restore, never release
+                for h in st.knobs.values():
+                    h.evidence_lost = True
+            record, lost = _tolerant(self.journal.append)
+            items = self._restore_all(st, record)
             clean = all(i.outcome != "failed" for i in items)
+            if lost:
+                return RollbackReport(tuple(items), False, True, StateNotWritable(
+                    f"{lost[0].message}: the knobs were restored as listed, but the journal could not record "
+                    "it", hint="free space on (or remount read-write) the state directory's file system, then "
+                               "run `polltuned rollback` again to close the journal"))
             if clean:
                 self.journal.append("clean", epoch=st.epoch)
-                self.journal.sync_copy()
+                self.journal.sync_copy(mark=True)
                 if self.journal.size() > COMPACT_BYTES:
                     self.journal.compact()
-            return RollbackReport(tuple(items), clean, True)
+            return RollbackReport(tuple(items), clean, True, unverified)
 
     def _restore_all(self, st: JournalState, record: Record) -> list[RollbackItem]:
         """The rollback loop, for the journal (``record`` appends) and for a recovery from the baseline
@@ -564,8 +618,12 @@ class Actuator:
         report = RollbackReport(tuple(items), all(i.outcome != "failed" for i in items), bool(items))
         aside = None
         if report.clean:
-            aside = self.journal.set_aside()
-            self.journal.write_copy(BaselineCopy(max(st.epoch, st.copy_epoch), False))
+            try:
+                aside = self.journal.set_aside()
+                self.journal.write_copy(BaselineCopy(max(st.epoch, st.copy_epoch), False))
+            except StateNotWritable as e:  # restored, but the damage stays on disk: the next rollback retries
+                log.warning("%s", e.message)
+                report = replace(report, clean=False, problem=e)
         for i in items:  # info: the caller reports the items and the damage (one error line)
             log.info("%s: %s %r (from the baseline copy)%s", i.key, i.outcome, i.value,
                      f": {i.detail}" if i.detail else "", extra={"knob": i.key})
@@ -591,7 +649,7 @@ class Actuator:
             return RollbackItem(key, "failed", None, e.message), h
         # back at its original value = not an admin choice (kernel reset): restore it fully. An
         # unsettled knob (a write or a restore interrupted, or any knob of a recovery) is never judged
-        if h.settled:
+        if h.settled and not h.evidence_lost:
             j = self.judge(key, h, live)
             if j.state == "admin-changed":
                 self._release(key, h, live, j, "rollback leaves it", record)
@@ -629,18 +687,26 @@ class Actuator:
             return RollbackItem(key, "failed", None, e.message)
         record("restored", key=key, value=h.baseline_value)
         log.info("%s: restored %r%s", key, h.baseline_value, left, extra={"knob": key})
+        if h.evidence_lost:
+            left = f"; {EVIDENCE_LOST}{left}"
         return RollbackItem(key, "restored", h.baseline_value, left.lstrip("; "))
 
     # -- verify / status ---------------------------------------------------------------------
     def verify(self) -> list[VerifyRow]:
+        return self.verify_all()[0]
+
+    def verify_all(self) -> tuple[list[VerifyRow], str]:
+        """verify() plus why the journal cannot be proven complete ("" = it can): then a knob whose
+        live value differs from polltuned's last recorded write is "unknown", never released."""
         rows: list[VerifyRow] = []
         with self.journal.locked():
             st = self.journal.state()
             if not st.open:
-                return rows
+                return rows, st.unverified
             for h in sorted(st.knobs.values(), key=lambda x: x.order):
+                h.evidence_lost = bool(st.unverified)
                 rows.append(self._verify_one(h))
-        return rows
+        return rows, st.unverified
 
     def _verify_one(self, h: KnobHistory) -> VerifyRow:
         key = h.key
@@ -662,6 +728,10 @@ class Actuator:
             return VerifyRow(key, "restored", h.last_value, live, h.baseline_value, released_parts=earlier)
         j = self.judge(key, h, live)
         note = f"; {', '.join(earlier)} released to the admin earlier" if earlier else ""
+        if h.evidence_lost and j.state in ("admin-changed", "partly-released"):
+            return VerifyRow(key, "unknown", h.last_value, live, h.baseline_value,
+                             "differs from polltuned's last recorded write, but that record may not be the last "
+                             "(journal unverified): rollback restores it", released_parts=earlier)
         if j.state == "holds":
             return VerifyRow(key, "holds", h.last_value, live, h.baseline_value, note.lstrip("; "),
                              released_parts=earlier)
@@ -698,7 +768,14 @@ class Actuator:
             except JournalError:
                 return JournalHealth("corrupt", e)
             return JournalHealth("corrupt", e, "", rows, restorable=True)
-        return JournalHealth("dirty" if self._dirty(st) else "clean", None, st.copy_note)
+        dirty = self._dirty(st)
+        if st.unverified and not dirty:
+            return JournalHealth("unknown", JournalUnverified(
+                f"{st.unverified}: host state unknown (polltuned may have written knobs it no longer records)",
+                hint="`polltuned rollback` restores what the journal records and rewrites the copy; check the "
+                     "knobs by hand (`polltuned check`)"), st.copy_note)
+        return JournalHealth("dirty" if dirty else "clean", None, st.unverified or st.copy_note,
+                             released=() if dirty else st.closed_released)
 
     def _dirty(self, st: JournalState) -> bool:
         if not st.open:

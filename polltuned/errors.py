@@ -114,6 +114,20 @@ class JournalUnreadable(JournalError):
     code = "journal-unreadable"
 
 
+class StateNotWritable(JournalError):
+    """The state directory cannot take a write: disk full (ENOSPC), quota (EDQUOT) or a read-only
+    file system (EROFS). Rollback still restores the knobs and says the journal could not record it."""
+
+    code = "state-not-writable"
+
+
+class JournalUnverified(JournalError):
+    """The journal cannot be proven complete (its baseline copy is missing or damaged, or both are
+    gone after polltuned ran): the host's state is *unknown*, never reported as clean (exit 7)."""
+
+    code = "journal-unverified"
+
+
 class JournalCopiesDisagree(JournalError):
     """The journal and the baseline copy give different originals for the same knob: reported,
     never resolved by polltuned (nothing is written until one of them is moved aside)."""

@@ -54,7 +54,20 @@ baselines, and at load (:func:`cross_check`):
 * a stale copy (a crash between the journal record, a baseline extension included, and the copy,
   or a damaged copy file while the journal is intact) -> a note (``JournalState.copy_note``); the
   next locked change rewrites it.
-A missing copy (journals written before it existed) means the journal alone is trusted.
+The copy also carries ``seq``, the journal's length (records) when the copy was last written:
+at every transaction's end, before a compaction (lowered to the compacted length) and after a
+rollback. A journal with fewer intact records than that lost its tail (cut at a record boundary
+or inside one): the last writes it records are not polltuned's last writes, so a live value that
+differs from them is no evidence of an admin change: JournalError, and ``polltuned rollback``
+restores from the copy. A journal that cannot be opened (a directory, a symlink loop, an I/O
+error) is damage the copy repairs the same way.
+
+A missing or damaged copy next to an existing journal leaves the journal *unverified*
+(``JournalState.unverified``): it may have lost its tail unnoticed. Then a rollback restores every
+knob whose original the journal knows, even one whose live value differs from polltuned's last
+recorded write (said, one line per knob), and ``status`` reports the state as unknown unless a
+knob the journal knows still carries a polltuned value. Only a state directory with neither file
+is a fresh, clean host.
 """
 
 from __future__ import annotations
@@ -71,7 +84,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from polltuned.clock import Clock
-from polltuned.errors import JournalCopiesDisagree, JournalError, JournalUnreadable, LockedError, PermissionNeeded
+from polltuned.errors import (
+    JournalCopiesDisagree,
+    JournalError,
+    JournalUnreadable,
+    LockedError,
+    PermissionNeeded,
+    StateNotWritable,
+)
 from polltuned.knobs.base import JsonValue
 from polltuned.records import KnobValue
 
@@ -92,12 +112,21 @@ RECORD_TYPES = frozenset({"epoch", "txn", "baseline", "intent", "applied", "undo
 KEY_RECORDS = frozenset({"intent", "applied", "undone", "observed", "released", "restored", "gone"})
 
 
+#: errnos of a state directory that cannot take a write: disk full, quota, read-only file system
+NOT_WRITABLE = frozenset({errno_mod.ENOSPC, errno_mod.EDQUOT, errno_mod.EROFS})
+
+
 def os_failure(path: Path | str, action: str, e: OSError) -> JournalError | PermissionNeeded:
-    """One-line error for an OSError on a state file: permission (exit 5) or unreadable (exit 7)."""
+    """One-line error for an OSError on a state file: permission (exit 5), disk full / read-only
+    (state-not-writable, exit 7) or unreadable (exit 7)."""
     why = e.strerror or os.strerror(e.errno or 0)
     if e.errno in (errno_mod.EACCES, errno_mod.EPERM):
         return PermissionNeeded(f"{path}: cannot {action}: {why}",
                                 hint="the journal belongs to root: run polltuned as root (sudo)")
+    if e.errno in NOT_WRITABLE:
+        return StateNotWritable(f"{path}: cannot {action}: {why}",
+                                hint="free space on (or remount read-write) the state directory's file system, "
+                                     "then run the command again")
     return JournalUnreadable(f"{path}: cannot {action}: {why}")
 
 
@@ -200,6 +229,9 @@ class KnobHistory:
     kind: str = ""                   # the knob class (sysctl, netdev, ...) from its baseline record
     #: parts released to the admin (IRQ numbers of an IRQ affinity knob); the rest is still managed
     released_parts: frozenset[str] = frozenset()
+    #: the journal's record of polltuned's last write may be lost (recovery, unverified journal):
+    #: a live value that differs is restored, never taken for an admin change
+    evidence_lost: bool = False
 
 
 @dataclass
@@ -214,6 +246,10 @@ class JournalState:
     copy_epoch: int = 0
     #: a stale or damaged baseline copy while the journal itself is intact ("" = consistent)
     copy_note: str = ""
+    #: why the journal cannot be proven complete (its copy is missing or damaged); "" = verified
+    unverified: str = ""
+    #: knobs released to the admin in the last closed epoch (left as the admin set them)
+    closed_released: tuple[str, ...] = ()
 
 
 def _fold_released(h: KnobHistory, r: Mapping[str, Any]) -> None:
@@ -263,6 +299,7 @@ def replay(records: tuple[dict[str, Any], ...], source: str = JOURNAL_NAME) -> J
             st.knobs = {}
         elif t == "clean":
             st.open = False
+            st.closed_released = tuple(k for k, kh in st.knobs.items() if kh.released)
             st.knobs = {}
             st.closed_epochs.add(int(r.get("epoch", st.epoch)))
         elif t == "txn":
@@ -309,13 +346,15 @@ class BaselineCopy:
     epoch: int
     open: bool
     entries: tuple[CopyEntry, ...] = ()
+    #: the journal had at least this many records when the copy was written (module doc)
+    seq: int = 0
 
     def key_list(self) -> list[str]:
         return [e.key for e in self.entries]
 
 
 def encode_copy(c: BaselineCopy) -> bytes:
-    return encode_record({"v": COPY_VERSION, "epoch": c.epoch, "open": c.open,
+    return encode_record({"v": COPY_VERSION, "epoch": c.epoch, "open": c.open, "seq": c.seq,
                           "baselines": [{"key": e.key, "state": e.state, "value": e.value, "kind": e.kind}
                                         for e in c.entries]})
 
@@ -343,23 +382,27 @@ def parse_copy(data: bytes, source: str = COPY_NAME) -> BaselineCopy:
     epoch, is_open, rows = doc.get("epoch"), doc.get("open"), doc.get("baselines")
     if not isinstance(epoch, int) or not isinstance(is_open, bool) or not isinstance(rows, list):
         raise bad("epoch/open/baselines missing")
+    seq = doc.get("seq", 0)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise bad(f"bad seq {seq!r}")
     entries = []
     for row in rows:
         if not isinstance(row, dict) or not isinstance(row.get("key"), str):
             raise bad(f"bad baseline entry {row!r}")
         entries.append(CopyEntry(row["key"], row.get("state"), row.get("value"), str(row.get("kind") or "")))
-    return BaselineCopy(epoch, is_open, tuple(entries))
+    return BaselineCopy(epoch, is_open, tuple(entries), seq)
 
 
-def copy_of(st: JournalState) -> BaselineCopy:
+def copy_of(st: JournalState, seq: int = 0) -> BaselineCopy:
     """What the copy must hold for this journal state (extended baselines included: the copy holds
-    each knob's current baseline, so an extension reaches the copy before polltuned writes it)."""
+    each knob's current baseline, so an extension reaches the copy before polltuned writes it);
+    ``seq``: the journal's length it vouches for."""
     epoch = max(st.epoch, st.copy_epoch)
     if not st.open:
-        return BaselineCopy(epoch, False, ())
+        return BaselineCopy(epoch, False, (), seq)
     hs = sorted(st.knobs.values(), key=lambda h: h.order)
     return BaselineCopy(st.epoch, True, tuple(CopyEntry(h.key, h.baseline_state, h.baseline_value, h.kind)
-                                              for h in hs))
+                                              for h in hs), seq)
 
 
 def _same_json(a: object, b: object) -> bool:
@@ -451,12 +494,15 @@ def cross_check(st: JournalState, copy: BaselineCopy | None, *, source: str = JO
     st.copy_note = stale
 
 
-def _writes_after_last_marker(salvaged: list[dict[str, Any]]) -> bool:
+def _writes_after_last_marker(salvaged: list[dict[str, Any]], after_seq: int = 0) -> bool:
+    """Intact write records after the last epoch/clean marker, not older than the copy's ``seq``
+    (a record the closed copy vouched for is older than the copy's closure)."""
     tail = salvaged
     for i, r in enumerate(salvaged):
         if r["type"] in ("epoch", "clean"):
             tail = salvaged[i + 1:]
-    return any(r["type"] in ("intent", "applied") for r in tail)
+    return any(r["type"] in ("intent", "applied") and not (isinstance(r.get("seq"), int) and r["seq"] <= after_seq)
+               for r in tail)
 
 
 def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> JournalState:
@@ -483,7 +529,8 @@ def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> Journa
     #: knobs the copy lacks, by their intact baseline records (in st.knobs once shown written)
     extra: dict[str, KnobHistory] = {}
     for e in copy.entries:
-        st.knobs[e.key] = KnobHistory(e.key, len(st.knobs), e.state, e.value, None, settled=False, kind=e.kind)
+        st.knobs[e.key] = KnobHistory(e.key, len(st.knobs), e.state, e.value, None, settled=False, kind=e.kind,
+                                      evidence_lost=True)
     for r in salvaged[start:]:
         t, key = r["type"], r.get("key")
         if t == "txn":
@@ -505,7 +552,7 @@ def recovery_state(copy: BaselineCopy, salvaged: list[dict[str, Any]]) -> Journa
                     extra[key].baseline_value = r.get("value")
             elif key not in st.knobs:
                 extra[key] = KnobHistory(key, 0, r.get("state"), r.get("value"), None, settled=False,
-                                         kind=str(r.get("kind") or ""))
+                                         kind=str(r.get("kind") or ""), evidence_lost=True)
         elif key in extra and t in ("intent", "applied"):
             # a knob the copy lacks (a stale copy) that intact records show written: restore it too;
             # without a write it is the crash window between its baseline record and the copy
@@ -541,6 +588,14 @@ class Journal:
         except OSError as e:
             raise os_failure(path, "read", e) from e
 
+    def exists(self) -> bool:
+        """Is there anything at the journal's path (a file, or damage in its place)?"""
+        return os.path.lexists(self.path)
+
+    def count(self) -> int:
+        """The number of records in the journal (the ones appended by this process included)."""
+        return self._seq if self._seq is not None else len(self.records())
+
     def load(self) -> ParsedJournal:
         data = self._read(self.path)
         if data is None:
@@ -564,11 +619,24 @@ class Journal:
             copy, copy_problem = self.load_copy(), ""
         except JournalError as e:
             copy, copy_problem = None, e.message
-        st = replay(self.records(), str(self.path))
+        parsed = self.load()
+        st = replay(parsed.records, str(self.path))
         if copy_problem:
             st.copy_note = f"{copy_problem}; the journal is intact and is used; rewritten at the next change"
+            st.unverified = f"{copy_problem}: the journal cannot be proven complete"
+            return st
+        if copy is None:
+            if self.exists():
+                st.unverified = (f"the baseline copy {self.copy_path} is missing: the journal cannot be proven "
+                                 "complete")
             return st
         cross_check(st, copy, source=str(self.path), copy_source=str(self.copy_path))
+        if copy.seq > len(parsed.records):
+            what = "cut inside a record" if parsed.torn_bytes else "cut at a record boundary or emptied"
+            raise JournalError(f"{self.path}: {len(parsed.records)} intact records where the baseline copy "
+                               f"{self.copy_path} vouches for at least {copy.seq}: journal truncated ({what}; "
+                               "the last writes it records are not polltuned's last writes)",
+                               hint="`polltuned rollback` restores every knob from the baseline copy")
         return st
 
     def next_epoch(self, st: JournalState) -> int:
@@ -592,8 +660,11 @@ class Journal:
             raise JournalError(damage.message,
                                hint="nothing was written; there is no baseline copy to restore from; "
                                     "inspect or move the journal aside") from None
-        salvaged = salvage_records(self._read(self.path) or b"")
-        if not copy.open and _writes_after_last_marker(salvaged):
+        try:
+            salvaged = salvage_records(self._read(self.path) or b"")
+        except JournalError:  # not a file, unreadable: the copy alone (a permission error propagates)
+            salvaged = []
+        if not copy.open and _writes_after_last_marker(salvaged, copy.seq):
             raise JournalError(f"{damage.message}; the baseline copy {self.copy_path} is closed but intact "
                                "journal records show writes", hint="nothing was written; restore the knobs by hand")
         return recovery_state(copy, salvaged)
@@ -609,7 +680,12 @@ class Journal:
         try:
             fd = os.open(self.dir / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
         except OSError as e:
-            raise os_failure(self.dir / LOCK_NAME, "open the lock", e) from e
+            try:  # a read-only file system: flock works on a read-only descriptor too (rollback still restores)
+                if e.errno not in NOT_WRITABLE:
+                    raise
+                fd = os.open(self.dir / LOCK_NAME, os.O_RDONLY)
+            except OSError:
+                raise os_failure(self.dir / LOCK_NAME, "open the lock", e) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -672,6 +748,10 @@ class Journal:
             os.fsync(fd)
         except OSError as e:
             self.close()
+            if e.errno in NOT_WRITABLE:
+                raise StateNotWritable(f"{self.path}: append failed: {e.strerror}",
+                                       hint="no knob was written after this failure; free space on the state "
+                                            "directory's file system") from e
             raise JournalError(f"{self.path}: append failed: {e.strerror}",
                                hint="no knob was written after this failure") from e
         self._seq += 1
@@ -702,16 +782,18 @@ class Journal:
         except OSError as e:
             raise os_failure(self.copy_path, "write", e) from e
 
-    def sync_copy(self, st: JournalState | None = None) -> bool:
+    def sync_copy(self, st: JournalState | None = None, *, mark: bool = False) -> bool:
         """Make the copy match the journal (call with the lock held, before the first write of a
-        knob). Returns True when it was rewritten."""
+        knob). ``mark``: also vouch for the journal's current length (at a transaction's end).
+        Returns True when it was rewritten."""
         st = self.state() if st is None else st
-        want = copy_of(st)
         try:
             have = self.load_copy()
         except JournalError:
             have = None
-        if have == want or (have is None and want == BaselineCopy(0, False)):
+        seq = self.count() if mark else (have.seq if have is not None else 0)
+        want = copy_of(st, seq)
+        if have == want or (have is None and want == BaselineCopy(0, False) and not self.exists()):
             return False  # nothing ever journaled: no file to create
         self.write_copy(want)
         return True
@@ -746,7 +828,6 @@ class Journal:
         only on the replayed state, which compaction keeps). Call with the lock held. Returns True
         when rewritten."""
         st = self.state()
-        self.sync_copy(st)
         now = round(self.clock.wall(), 6)
         recs: list[dict[str, Any]] = []
 
@@ -774,6 +855,9 @@ class Journal:
                     add("gone", key=h.key, detail="checkpoint")
             add("txn-end", txn=st.last_txn, ok=True)
         self.close()
+        # the copy first, vouching for the compacted length: a crash before the rename leaves the
+        # longer old journal, which still has at least that many records
+        self.write_copy(copy_of(st, len(recs)))
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

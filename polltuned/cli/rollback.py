@@ -2,7 +2,12 @@
 
 A damaged journal (emptied, head lost, cut inside a baseline record, a bad record) is not "nothing
 to do": the knobs are restored from the baseline copy, every item is printed, and the command
-still fails with ``error[journal-corrupt]`` (exit 7) naming the damage."""
+still fails with ``error[journal-corrupt]`` (exit 7) naming the damage. A journal that cannot be
+proven complete (its copy missing or damaged) is rolled back as far as it records, every knob that
+differs from its original restored (never released: the record of polltuned's last write may be
+lost), and the command fails with ``error[journal-unverified]`` (exit 7); a state directory that
+cannot take a write (disk full, read-only) still gets every knob restored, then
+``error[state-not-writable]`` (exit 7)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import json
 
 from polltuned.actuator import JournalRecovered, RollbackReport
 from polltuned.cli._knobs_common import build_actuator, fmt
-from polltuned.errors import ExitCode, JournalError, JournalUnreadable
+from polltuned.errors import ExitCode, JournalError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,6 +30,9 @@ def _print(rep: RollbackReport, as_json: bool, recovered: JournalRecovered | Non
         doc: dict[str, object] = {
             "clean": rep.clean, "was_dirty": rep.was_dirty,
             "items": [{"key": i.key, "outcome": i.outcome, "value": i.value, "detail": i.detail} for i in rep.items]}
+        if rep.problem is not None:
+            doc["error"] = rep.problem.message
+            doc["error_code"] = rep.problem.code
         if recovered is not None:
             doc["journal_error"] = recovered.damage.message
             doc["restored_from_copy"] = True
@@ -36,7 +44,7 @@ def _print(rep: RollbackReport, as_json: bool, recovered: JournalRecovered | Non
     for i in rep.items:
         extra = f" ({i.detail})" if i.detail else ""
         src = " [from the baseline copy]" if recovered is not None else ""
-        print(f"{i.key}: {i.outcome} {fmt(i.value)}{extra}{src}")
+        print(f"{i.key}: {i.outcome} {fmt(i.value)}{src}{extra}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,9 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         st = act.state()
         is_open, epoch = st.open, st.epoch
-    except JournalUnreadable:
-        raise  # not root: say that, not something about kept.json
-    except JournalError:  # damaged: not "clean"; the rollback below restores from the copy
+    except JournalError:  # damaged or unreadable: not "clean"; the rollback below restores from the copy
         is_open = True
     if args.if_dirty:
         if not is_open:
@@ -68,4 +74,6 @@ def run(args: argparse.Namespace) -> int:
         _print(e.report, args.json, e)
         raise
     _print(rep, args.json)
+    if rep.problem is not None:
+        raise rep.problem
     return int(ExitCode.OK if rep.ok else ExitCode.FAILURE)

@@ -2,7 +2,10 @@
 
 The host is one of: clean (exit 0), dirty (polltuned values still applied and no daemon: exit 3),
 or its journal is damaged/unreadable: then status says so, lists what the baseline copy knows,
-and exits with the journal's error code (7), never "clean"."""
+and exits with the journal's error code (7), never "clean". A journal that cannot be proven
+complete (baseline copy missing or damaged) with no known knob off its original is "unknown"
+(``error[journal-unverified]``, exit 7). "clean" after a rollback that left an admin-changed knob
+alone names that knob."""
 
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         if not running and denied is not None:
             raise denied  # stopped: whether the host is clean cannot be known by this user (exit 5)
         return int(ExitCode.OK)
-    corrupt = health.state == "corrupt"
+    corrupt = health.state in ("corrupt", "unknown")
     dirty = None if corrupt else health.state == "dirty"
     kept = (not running) and bool(dirty) and kept_epoch(args)
     off_copy = [m for m in health.from_copy if m.state == "polltuned"]
@@ -73,15 +76,19 @@ def run(args: argparse.Namespace) -> int:
                           "error": health.error.message if health.error else None,
                           "error_code": health.error.code if health.error else None,
                           "restorable_from_copy": health.restorable,
+                          "released_to_admin": list(health.released),
                           "baseline_copy": [_knob_json(m) for m in health.from_copy]}
         print(json.dumps(out, indent=1, sort_keys=True, default=str))
     else:
-        print(render_status(doc, running=running, dirty=None if corrupt else bool(dirty)))
+        print(render_status(doc, running=running, dirty=None if corrupt else bool(dirty), released=health.released))
         if kept:
             print("           (kept on purpose: the policy's on_exit = keep)")
         if health.note:
             print(f"journal:   note: {health.note}")
-        if corrupt:
+        if health.state == "unknown":
+            assert health.error is not None
+            print(f"journal:   UNVERIFIED: {health.error.message}")
+        elif corrupt:
             assert health.error is not None
             print(f"journal:   DAMAGED ({health.error.code}): the journal cannot be trusted; "
                   "status does not know which values are polltuned's")

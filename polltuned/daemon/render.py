@@ -45,10 +45,12 @@ def study_lines(st: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
-def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: float | None = None) -> str:
-    """The status page: one section after the other, each from its part of the document."""
+def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: float | None = None,
+                  released: Sequence[str] = ()) -> str:
+    """The status page: one section after the other, each from its part of the document.
+    ``released``: knobs a clean host left as the admin set them (the last rollback released them)."""
     now = time.time() if now is None else now
-    out = _header(doc, running=running, dirty=dirty, now=now)
+    out = _header(doc, running=running, dirty=dirty, now=now, released=released)
     out += _progress(doc)
     out += study_lines(doc.get("study"))
     out += _knob_lines(doc)
@@ -60,7 +62,8 @@ def render_status(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, 
     return "\n".join(out)
 
 
-def _header(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: float) -> list[str]:
+def _header(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: float,
+            released: Sequence[str] = ()) -> list[str]:
     out: list[str] = []
     if running:
         age = now - float(doc.get("updated", now))
@@ -70,11 +73,17 @@ def _header(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: f
                    + (f" — {doc['message']}" if doc.get("message") else "")
                    + f"   (updated {age:.0f} s ago)")
         return out
-    state = ("in an UNKNOWN state (host state unknown: the journal is damaged, or unreadable by this user)"
-             if dirty is None else
-             "DIRTY: polltuned values are still applied" if dirty else "clean: every knob has its original value")
+    clean = ("clean: no polltuned value is applied; left as the admin set them (released): "
+             + ", ".join(released)) if released else "clean: every knob has its original value"
+    state = ("in an UNKNOWN state (host state unknown: the journal is damaged, unverified, or unreadable by "
+             "this user)" if dirty is None else
+             "DIRTY: polltuned values are still applied" if dirty else clean)
     out.append(f"polltuned: not running; host is {state}")
-    if doc:
+    if doc and doc.get("phase") not in ("STOPPED", "DONE"):
+        # the status file still shows a working phase: the daemon was killed or crashed there
+        out.append(f"last run:  policy {doc.get('policy', '?')}, did not stop cleanly (killed or crashed) "
+                   f"while in phase {doc.get('phase', '?')}")
+    elif doc:
         out.append(f"last run:  policy {doc.get('policy', '?')}, ended in phase {doc.get('phase', '?')}"
                    + (f" — {doc['message']}" if doc.get("message") else ""))
     if dirty:
