@@ -211,6 +211,12 @@ class JournalRecovered(JournalError):
 Record = Callable[..., object]
 
 
+def _refuse_unverified(why: str) -> JournalUnverified:
+    return JournalUnverified(f"{why}: nothing is written over a journal that may have lost records",
+                             hint="run `polltuned rollback`, check the knobs, then "
+                                  "`polltuned rollback --accept-unknown`")
+
+
 def _tolerant(record: Record) -> tuple[Record, list[StateNotWritable]]:
     """``record`` that, once the state directory cannot take a write (disk full, read-only), only
     logs: the rollback goes on restoring knobs (the host matters more than the record); the caller
@@ -292,6 +298,8 @@ class Actuator:
         journal)."""
         knobs, values = self._prepare(assignment, warn=False)
         st = self.journal.state()
+        if st.unverified:
+            raise _refuse_unverified(st.unverified)
         recs: list[dict[str, Any]] = []
         released_now: list[str] = []
         parts_now: dict[str, frozenset[str]] = {}
@@ -352,9 +360,9 @@ class Actuator:
             # 2. admin wins (checked for every managed knob, so later changes are our side effects);
             #    knobs with parts (IRQ affinity) may lose only some parts to the admin
             if st.unverified:
-                log.warning("%s: no knob is taken for an admin change in this transaction", st.unverified)
+                raise _refuse_unverified(st.unverified)
             for key, h in st.knobs.items():
-                if h.released or h.gone or st.unverified:
+                if h.released or h.gone:
                     continue
                 if self._admin_changed(key, h):
                     released_now.append(key)
@@ -566,14 +574,16 @@ class Actuator:
             unverified = JournalUnverified(
                 f"{st.unverified}; host state unknown: every knob the journal records is restored, but a knob "
                 "first changed in records that may be lost cannot be known", hint="check the knobs by hand "
-                "(`polltuned check`); the baseline copy is rewritten, so the next status is verified again") \
+                "(`polltuned check`), then `polltuned rollback --accept-unknown`") \
                 if st.unverified else None
             if not st.open:
+                if unverified is not None:  # the copy stays missing: unknown until the admin accepts it
+                    return RollbackReport((), True, False, unverified)
                 try:
                     self.journal.sync_copy(st, mark=True)
                 except StateNotWritable as e:
                     return RollbackReport((), True, False, e)
-                return RollbackReport((), True, False, unverified)
+                return RollbackReport((), True, False)
             if st.unverified:  # the record of polltuned's last write may be lost: restore, never release
                 for h in st.knobs.values():
                     h.evidence_lost = True
@@ -587,10 +597,28 @@ class Actuator:
                                "run `polltuned rollback` again to close the journal"))
             if clean:
                 self.journal.append("clean", epoch=st.epoch)
-                self.journal.sync_copy(mark=True)
-                if self.journal.size() > COMPACT_BYTES:
-                    self.journal.compact()
+                if unverified is None:  # unverified: the copy stays missing (unknown until accepted)
+                    self.journal.sync_copy(mark=True)
+                    if self.journal.size() > COMPACT_BYTES:
+                        self.journal.compact()
             return RollbackReport(tuple(items), clean, True, unverified)
+
+    def accept_unknown(self) -> Path | None:
+        """The admin checked the knobs by hand after an unverified or damaged journal (``polltuned
+        rollback --accept-unknown``): the journal is set aside (journal.jsonl.damaged-N) and a closed
+        copy written, so the state is known again (clean). Refused while the journal records a knob
+        that is not at its original value."""
+        with self.journal.locked():
+            try:
+                st = self.journal.state()
+            except JournalError as e:
+                st = self.journal.recovery(e)
+            if st.open and self._dirty(st):
+                raise JournalUnverified("the journal still records knobs that are not at their original value: "
+                                        "not accepted", hint="run `polltuned rollback` first")
+            aside = self.journal.set_aside()
+            self.journal.write_copy(BaselineCopy(max(st.epoch, st.copy_epoch), False))
+            return aside
 
     def _restore_all(self, st: JournalState, record: Record) -> list[RollbackItem]:
         """The rollback loop, for the journal (``record`` appends) and for a recovery from the baseline
@@ -772,8 +800,8 @@ class Actuator:
         if st.unverified and not dirty:
             return JournalHealth("unknown", JournalUnverified(
                 f"{st.unverified}: host state unknown (polltuned may have written knobs it no longer records)",
-                hint="`polltuned rollback` restores what the journal records and rewrites the copy; check the "
-                     "knobs by hand (`polltuned check`)"), st.copy_note)
+                hint="`polltuned rollback` restores what the journal records; check the knobs by hand "
+                     "(`polltuned check`), then `polltuned rollback --accept-unknown`"), st.copy_note)
         return JournalHealth("dirty" if dirty else "clean", None, st.unverified or st.copy_note,
                              released=() if dirty else st.closed_released)
 

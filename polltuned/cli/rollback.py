@@ -22,6 +22,9 @@ from polltuned.errors import ExitCode, JournalError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--if-dirty", action="store_true",
                    help="do nothing (silently, exit 0) when the journal says the host is clean (for ExecStopPost)")
+    p.add_argument("--accept-unknown", action="store_true",
+                   help="after an unverified or damaged journal: you checked the knobs by hand; set the journal "
+                        "aside and start a fresh one (the host state is known again)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -51,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
     from polltuned.daemon.status import clear_kept, is_kept
 
     act = build_actuator(args)
+    if args.accept_unknown:
+        aside = act.accept_unknown()
+        print("accepted: the host state is known again (a fresh journal starts)"
+              + (f"; the old journal is kept as {aside}" if aside else ""))
+        return int(ExitCode.OK)
     epoch: int | None = None
     try:
         st = act.state()

@@ -39,5 +39,6 @@ def run(args: argparse.Namespace) -> int:
                   f"original {fmt(r.baseline)}){extra}")
     if unverified:
         raise JournalUnverified(f"{unverified}: host state unknown",
-                                hint="`polltuned rollback` restores what the journal records and rewrites the copy")
+                                hint="`polltuned rollback` restores what the journal records; check the knobs, then "
+                                     "`polltuned rollback --accept-unknown`")
     return int(ExitCode.OK)
