@@ -420,7 +420,7 @@ class Actuator:
             except Exception as e:
                 failures = self._undo(knobs, touched, pre, txn)
                 self.journal.append("txn-end", txn=txn, ok=False, error=str(e))
-                self.journal.sync_copy(mark=True)
+                self._mark()
                 msg = e.message if isinstance(e, PolltunedError) else f"{type(e).__name__}: {e}"
                 if failures:
                     msg += "; undo failed for " + ", ".join(failures) + " (run `polltuned rollback`)"
@@ -428,21 +428,34 @@ class Actuator:
                     msg += "; every knob of this change was put back"
                 err = PolltunedError(f"apply failed: {msg}", code="apply-failed")
                 raise err from e
-            # 6. side effects of our own writes
-            for key, h in others.items():
-                try:
-                    live = self.knob(key).read()
-                except (HostError, PolltunedError):
-                    continue
-                if not _same(live, h.last_value):
-                    self.journal.append("observed", key=key, value=live, txn=txn)
-            self.journal.append("txn-end", txn=txn, ok=True)
-            self.journal.sync_copy(mark=True)  # the copy vouches for the journal's length (journal.py)
+            try:
+                # 6. side effects of our own writes
+                for key, h in others.items():
+                    try:
+                        live = self.knob(key).read()
+                    except (HostError, PolltunedError):
+                        continue
+                    if not _same(live, h.last_value):
+                        self.journal.append("observed", key=key, value=live, txn=txn)
+                self.journal.append("txn-end", txn=txn, ok=True)
+            except StateNotWritable as e:
+                raise StateNotWritable(f"{e.message}: the new values are written and journaled, but not the end of "
+                                       "the transaction", hint="free space on the state directory's file system; "
+                                       "`polltuned rollback` restores the originals") from e
+            self._mark()
         for c in changes:
             # unchanged knobs are rewritten on every trial (the assignment is whole): only real changes at info
             log.log(logging.INFO if c.before != c.after else logging.DEBUG, "%s: %r -> %r%s", c.key, c.before,
                     c.after, f" ({reason})" if reason else "", extra={"knob": c.key})
         return ApplyResult(txn, tuple(changes), tuple(skipped), tuple(released_now))
+
+    def _mark(self) -> None:
+        """The copy vouches for the journal's length (journal.py) at a transaction's end. A full disk
+        here loses nothing: the journal holds the transaction; the mark only lags (less detection)."""
+        try:
+            self.journal.sync_copy(mark=True)
+        except StateNotWritable as e:
+            log.warning("%s: the baseline copy's length mark lags", e.message)
 
     def _undo(self, knobs: Mapping[str, Knob], touched: list[str], pre: Mapping[str, JsonValue],
               txn: int) -> list[str]:
@@ -452,7 +465,10 @@ class Actuator:
             try:
                 if not k.matches(pre[key]):  # a write that failed may have left nothing to undo
                     k.restore(pre[key])
-                self.journal.append("undone", key=key, value=k.read(), txn=txn)
+                try:
+                    self.journal.append("undone", key=key, value=k.read(), txn=txn)
+                except StateNotWritable:  # put back, but unrecorded: unsettled, so rollback restores it
+                    log.warning("%s: put back, but the journal could not record it (disk full)", key)
             except Exception as e:  # keep undoing the others; rollback will retry from the baseline
                 log.error("%s: undo failed: %s", key, e, extra={"knob": key})
                 failures.append(key)

@@ -742,9 +742,11 @@ class Journal:
                                "type": type_, **payload}
         data = encode_record(rec)
         try:
+            at = os.fstat(fd).st_size
             n = os.write(fd, data)
-            if n != len(data):
-                raise OSError(5, "short write")
+            if n != len(data):  # a full disk takes part of the record: cut it off again
+                os.ftruncate(fd, at)
+                raise OSError(errno_mod.ENOSPC, "short write (no space left on device)")
             os.fsync(fd)
         except OSError as e:
             self.close()
