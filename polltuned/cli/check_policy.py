@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polltuned.cli._knobs_common import app_cpus
-from polltuned.errors import ExitCode, HostError, PolltunedError, UsageError
+from polltuned.errors import ExitCode, HostError, PermissionNeeded, PolltunedError, ProbeError, UsageError
 from polltuned.host.fs import Host
 from polltuned.knobs.compat import APP_STRATEGIES, Compat
 from polltuned.knobs.registry import KnobRegistry
@@ -118,6 +118,8 @@ def probe_window(policy: Policy, host: Host, seconds: float) -> WindowResult:
                 nr = (r.nic or {}).get(nic)
                 res = dataclasses.replace(res, nic=nr, nic_error="" if nr is not None else
                                           r.unavailable.get(f"links.{nic}", r.unavailable.get("links", "no counters")))
+    except PermissionNeeded:
+        raise  # an untrusted scenario file (or no permission): refused, not a failed window
     except (PolltunedError, OSError) as e:
         res = dataclasses.replace(res, window=Window.failed(
             f"the probe could not run: {e.message if isinstance(e, PolltunedError) else e}"))
@@ -193,7 +195,7 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
                           "needs_editing": edits,
                           "probe": {"kind": pol.probe.kind, "window_s": None if window is None else seconds,
                                     "inputs": inputs}}, indent=2))
-        return _verdict(file, edits)
+        return _verdict(file, edits, window)
     print(f"policy {pol.name!r} ({file}), kernel {release or '?'}: {len(compat.policy.knobs)} of {len(pol.knobs)} "
           f"knobs tuned here: {', '.join(compat.policy.knobs)}")
     for key, why in dropped.items():
@@ -209,15 +211,19 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
         print(f"{head}: {verdict} [{r['source']}]")
     for e in edits:
         print(f"polltuned: check: needs editing: {e}")
-    if not edits:
+    if not edits and (window is None or window.window.ok):
         print(f"policy {pol.name!r} is ready on this host"
               + (f"; {len(dropped)} knob(s) dropped (listed above)" if dropped else ""))
-    return _verdict(file, edits)
+    return _verdict(file, edits, window)
 
 
-def _verdict(file: str, edits: list[str]) -> int:
-    """Exit 0 when ready; otherwise the one error line every failing command prints (exit 2)."""
+def _verdict(file: str, edits: list[str], window: WindowResult | None = None) -> int:
+    """Exit 0 when ready; otherwise the one error line every failing command prints (exit 2 when
+    the policy needs editing, 8 when its probe window failed)."""
     if edits:
         raise UsageError(f"{file}: needs editing before it can work on this host ({len(edits)} thing(s), "
                          "listed above)", code="policy-needs-editing")
+    if window is not None and not window.window.ok:
+        raise ProbeError(f"{file}: the probe window failed: {window.window.error or 'no reason given'}",
+                         hint="fix the probe (argv, regex, scenario) or check with --no-probe")
     return int(ExitCode.OK)

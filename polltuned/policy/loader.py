@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno as errno_mod
 import os
 import tomllib
 from collections.abc import Mapping
@@ -10,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from polltuned.errors import PolicyError
+from polltuned.errors import PermissionNeeded, PolicyError
 from polltuned.knobs.keys import key_problems
 from polltuned.policy.schema import Policy
 
@@ -26,11 +27,26 @@ def policy_search_path() -> list[Path]:
     return dirs
 
 
+def _not_a_file(name: str, p: Path, what: str = "policy") -> PolicyError:
+    """Why ``p`` is not a readable file, in words: missing, a directory, a symlink loop, ..."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return PolicyError([f"{name}: no such {what} file"])
+    except OSError as e:
+        return PolicyError([f"{name}: cannot open the {what} file: {e.strerror or e}"
+                            + (" (a symlink loop)" if e.errno == errno_mod.ELOOP else "")])
+    import stat as stat_mod
+
+    return PolicyError([f"{name}: is a directory, not a {what} file" if stat_mod.S_ISDIR(st.st_mode)
+                        else f"{name}: not a regular file"])
+
+
 def find_policy(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.suffix == ".toml" or os.sep in name_or_path:
         if not p.is_file():
-            raise PolicyError([f"{name_or_path}: no such policy file"])
+            raise _not_a_file(name_or_path, p)
         return p
     for d in policy_search_path():
         cand = d / f"{name_or_path}.toml"
@@ -52,14 +68,28 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """One TOML file; unreadable or malformed -> PolicyError naming the file."""
+def read_toml(path: Path, what: str = "config") -> dict[str, Any]:
+    """One TOML file; unreadable or malformed -> PolicyError naming the file; as root, a file
+    someone else can change -> UntrustedFile (exit 5, polltuned.trust); unreadable by this user ->
+    PermissionNeeded (exit 5)."""
+    from polltuned.trust import require_trusted
+
+    require_trusted(path, what)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
+        if e.errno in (errno_mod.EACCES, errno_mod.EPERM):
+            raise PermissionNeeded(f"{path}: cannot read the {what} file: {e.strerror or e}",
+                                   hint="run polltuned as root, or make the file readable") from e
+        if isinstance(e, (IsADirectoryError, FileNotFoundError)) or e.errno == errno_mod.ELOOP:
+            raise _not_a_file(str(path), path, what) from e
         raise PolicyError([f"{path}: cannot read: {e.strerror or e}"]) from e
     except UnicodeDecodeError as e:
         raise PolicyError([f"{path}: not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}"]) from None
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise PolicyError([f"{path}: not valid TOML: nested too deeply"]) from None
     except tomllib.TOMLDecodeError as e:
         raise PolicyError([f"{path}: not valid TOML: {e}"]) from e
 
@@ -70,7 +100,7 @@ def _read_toml(path: Path, depth: int, seen: tuple[Path, ...]) -> dict[str, Any]
     rp = path.resolve()
     if rp in seen:
         raise PolicyError([f"{path}: include: cycle through {rp}"])
-    data = read_toml(path)
+    data = read_toml(path, "include" if depth else "policy")
     includes = data.get("include", [])
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
         raise PolicyError([f"{path}: include: must be a list of file names (got {includes!r})"])

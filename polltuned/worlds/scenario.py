@@ -129,6 +129,10 @@ def load_scenario(name_or_path: str) -> Scenario:
     if name_or_path.startswith("family:"):
         return _family_scenario(name_or_path)
     path = resolve_scenario_path(name_or_path)
+    if path.resolve().parent != shipped_dir().resolve():  # a user's file: as root, only a root-owned one
+        from polltuned.trust import require_trusted
+
+        require_trusted(path, "scenario")
     spec = importlib.util.spec_from_file_location(f"polltuned_scenario_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise UsageError(f"scenario {path}: cannot be loaded as a Python file")
