@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from polltuned.cli._knobs_common import add_app_cpus, app_cpus, make_host
+from polltuned.cli._types import finite_float
 from polltuned.errors import ExitCode, HostError, PolltunedError
 from polltuned.host.fs import Host
 from polltuned.knobs.base import Knob
@@ -29,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-probe", action="store_true",
                    help="with POLICY: skip the probe window (knobs and what the probe can give by design only)")
-    p.add_argument("--probe-window", type=float, default=None, metavar="S",
+    p.add_argument("--probe-window", type=finite_float(0, 3600), default=None, metavar="S",
                    help="with POLICY: length of the one probe window in seconds (default: window_s, at most 2)")
     add_app_cpus(p)
 

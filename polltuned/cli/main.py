@@ -112,6 +112,17 @@ def _os_error(e: OSError) -> PolltunedError:
     return PolltunedError(f"{what}: {why}", code="os-error")
 
 
+def _check_dirs(args: argparse.Namespace) -> None:
+    """``--state-dir``/``--run-dir`` that exist but are not directories: one usage line, before any
+    command half-works with them (apply succeeding and status failing)."""
+    import os
+
+    for opt in ("state_dir", "run_dir"):
+        d = getattr(args, opt, None)
+        if d and os.path.lexists(d) and not os.path.isdir(d):
+            raise UsageError(f"--{opt.replace('_', '-')} {d}: exists and is not a directory")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
@@ -121,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return int(ExitCode.USAGE)
+        _check_dirs(args)
         rc: int = _load(args.command).run(args)
         return rc
     except PolltunedError as e:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 from polltuned.actuator import JournalRecovered, RollbackReport
 from polltuned.cli._knobs_common import build_actuator, fmt
-from polltuned.errors import ExitCode, JournalError
+from polltuned.errors import ExitCode, JournalError, StateNotWritable
+
+log = logging.getLogger("polltuned.rollback")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,8 +53,19 @@ def _print(rep: RollbackReport, as_json: bool, recovered: JournalRecovered | Non
         print(f"{i.key}: {i.outcome} {fmt(i.value)}{src}{extra}")
 
 
+def _clear_kept(state_dir: str) -> None:
+    """Drop the keep marker; a state directory that takes no write (read-only, disk full) must not
+    stop the rollback: the knobs matter more (the rollback reports the state directory itself)."""
+    from polltuned.daemon.status import clear_kept
+
+    try:
+        clear_kept(state_dir)
+    except StateNotWritable as e:
+        log.warning("%s", e.message)
+
+
 def run(args: argparse.Namespace) -> int:
-    from polltuned.daemon.status import clear_kept, is_kept
+    from polltuned.daemon.status import is_kept
 
     act = build_actuator(args)
     if args.accept_unknown:
@@ -67,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         is_open = True
     if args.if_dirty:
         if not is_open:
-            clear_kept(args.state_dir)
+            _clear_kept(args.state_dir)
             return int(ExitCode.OK)
         if epoch is not None and is_kept(args.state_dir, epoch, is_open):
             # the daemon exited cleanly with on_exit = keep (this journal epoch): its deployed values
@@ -75,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             print("polltuned: keeping the deployed configuration (policy on_exit = keep); "
                   "'polltuned rollback' undoes it")
             return int(ExitCode.OK)
-    clear_kept(args.state_dir)
+    _clear_kept(args.state_dir)
     try:
         rep = act.rollback()
     except JournalRecovered as e:

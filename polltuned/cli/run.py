@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from polltuned.cli._types import int_range
+from polltuned.cli._types import finite_float, int_range
 from polltuned.errors import ExitCode
 
 
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "workload: its probe is replaced by the sim probe of SCENARIO (shipped name or .py file, "
                         "see `polltuned sim --list`); needs a fake tree as --host-root (default: a temporary one), "
                         "never touches the real kernel; state and run dirs default to a temporary directory")
-    p.add_argument("--sim-speed", type=float, default=100.0, metavar="X",
+    p.add_argument("--sim-speed", type=finite_float(0, 1e6, lo_open=False), default=100.0, metavar="X",
                    help="with --simulate: simulated time runs X times faster than real time (0 = no waiting; "
                         "default 100)")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polltuned.errors import LockedError, PermissionNeeded, PolltunedError
+from polltuned.errors import LockedError, PermissionNeeded, PolltunedError, StateNotWritable
 
 STATUS_VERSION = 1
 STATUS_FILE = "status.json"
@@ -168,6 +168,9 @@ def _state_error(path: Path, action: str, e: OSError) -> PolltunedError:
     why = e.strerror or str(e)
     if e.errno in (errno_mod.EACCES, errno_mod.EPERM):
         return PermissionNeeded(f"{path}: cannot {action}: {why}", hint="run polltuned as root (sudo)")
+    if e.errno in (errno_mod.ENOSPC, errno_mod.EDQUOT, errno_mod.EROFS):
+        return StateNotWritable(f"{path}: cannot {action}: {why}",
+                                hint="free space on (or remount read-write) the state directory's file system")
     return PolltunedError(f"{path}: cannot {action}: {why}", code="os-error")
 
 

@@ -159,7 +159,7 @@ class CommandProbe(_ProbeBase):
     )
     unit_scale_us: float = Field(
         1.0, gt=0, description="µs per unit of a latency printed without a unit (numbers with us/ms/s are converted)")
-    timeout_s: float = Field(120.0, gt=0)
+    timeout_s: float = Field(120.0, gt=0, le=86_400)
     rate: float | None = Field(None, gt=0, le=1e6, description="open-loop requests/s, the argv's {rate}")
     arrivals: Literal["poisson", "uniform"] = Field("poisson", description="open-loop arrivals, the argv's {arrivals}")
     histogram_path: str | None = Field(None, min_length=1, description=(
@@ -176,6 +176,13 @@ class CommandProbe(_ProbeBase):
             raise ValueError("argv uses {rate} but the probe sets no 'rate' (requests/s)")
         if self.histogram_path is not None and self.regex:
             raise ValueError("histogram_path needs JSON output (it cannot be combined with 'regex')")
+        if self.regex is not None:
+            import re
+
+            try:
+                re.compile(self.regex)
+            except re.error as e:
+                raise ValueError(f"regex: not a valid regular expression: {e} (got {self.regex!r})") from None
         return self
 
 
@@ -219,13 +226,14 @@ class Objective(_Strict):
 
 
 class Tuning(_Strict):
-    budget: int = Field(30, ge=1, le=10_000, description="measurement windows for the search, repeats included")
-    window_s: float = Field(5.0, gt=0)
-    settle_s: float = Field(1.0, ge=0)
-    repeats: int = Field(1, ge=1, le=20, description="windows per trial")
+    budget: int = Field(30, ge=1, le=10_000, strict=True,
+                        description="measurement windows for the search, repeats included")
+    window_s: float = Field(5.0, gt=0, le=86_400, description="seconds (at most a day)")
+    settle_s: float = Field(1.0, ge=0, le=86_400, description="seconds (at most a day)")
+    repeats: int = Field(1, ge=1, le=20, strict=True, description="windows per trial")
     optimiser: str = Field("skopt", description="an optimiser of polltuned.optimiser.OPTIMISERS")
-    initial_points: int = Field(6, ge=1)
-    seed: int = Field(0, ge=0, le=2**32 - 1)
+    initial_points: int = Field(6, ge=1, strict=True)
+    seed: int = Field(0, ge=0, le=2**32 - 1, strict=True)
     warm_start: bool = True
 
 
