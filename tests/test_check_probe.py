@@ -83,7 +83,8 @@ def test_command_statistics() -> None:
         "p99", "throughput"}
     assert command_statistics(CommandProbe(argv=["x"], regex=r"lat=(\d+)")) >= {"p99", "p50", "mean"}  # type: ignore[operator]
     assert command_statistics(CommandProbe(argv=["x"], statistic_map={"p50": "$.a"})) == {"p50"}
-    assert command_statistics(CommandProbe(argv=["x"], regex=r"(")) is None
+    with pytest.raises(ValueError, match="not a valid regular expression"):  # issue 16: refused at load
+        CommandProbe(argv=["x"], regex=r"(")
 
 
 # ---- check with a window ---------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def test_status_after_a_crash_does_not_say_replaying() -> None:
     """Item 8: after a crash, status said "ended in phase RECOVER — replaying the journal"."""
     text = render_status({"policy": "p", "phase": "RECOVER", "message": "replaying the journal"},
                          running=False, dirty=True)
-    assert "replaying" not in text and "did not stop cleanly" in text and "RECOVER" in text
+    assert "replaying" not in text and "did not stop normally" in text and "RECOVER" in text
     text = render_status({"policy": "p", "phase": "STOPPED", "message": "stopped; host restored"},
                          running=False, dirty=False)
     assert "ended in phase STOPPED" in text

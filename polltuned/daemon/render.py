@@ -81,7 +81,7 @@ def _header(doc: Mapping[str, Any], *, running: bool, dirty: bool | None, now: f
     out.append(f"polltuned: not running; host is {state}")
     if doc and doc.get("phase") not in ("STOPPED", "DONE"):
         # the status file still shows a working phase: the daemon was killed or crashed there
-        out.append(f"last run:  policy {doc.get('policy', '?')}, did not stop cleanly (killed or crashed) "
+        out.append(f"last run:  policy {doc.get('policy', '?')}, did not stop normally (killed or crashed) "
                    f"while in phase {doc.get('phase', '?')}")
     elif doc:
         out.append(f"last run:  policy {doc.get('policy', '?')}, ended in phase {doc.get('phase', '?')}"
