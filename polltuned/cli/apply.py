@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from polltuned.cli._knobs_common import add_app_cpus, build_actuator, fmt, parse_assignment_value
+from polltuned.cli._owner import add_force, claim_host
 from polltuned.errors import ExitCode, UsageError
 from polltuned.records import KnobValue
 
@@ -24,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="validate and print the transaction that would be journaled; write nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_app_cpus(p)
+    add_force(p)
 
 
 def parse_assignments(items: list[str]) -> dict[str, KnobValue]:
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         for k in plan.skipped_released:
             print(f"{k}: would be skipped: released (changed by the admin; polltuned no longer writes it)")
         return int(ExitCode.OK)
+    claim_host(args, "apply")
     res = act.apply(assignment, reason=args.reason)
     if args.json:
         print(json.dumps({"txn": res.txn,

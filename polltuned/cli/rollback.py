@@ -17,6 +17,7 @@ import logging
 
 from polltuned.actuator import JournalRecovered, RollbackReport
 from polltuned.cli._knobs_common import build_actuator, fmt
+from polltuned.cli._owner import add_force, claim_host
 from polltuned.errors import ExitCode, JournalError, StateNotWritable
 
 log = logging.getLogger("polltuned.rollback")
@@ -29,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after an unverified or damaged journal: you checked the knobs by hand; set the journal "
                         "aside and start a fresh one (the host state is known again)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_force(p)
 
 
 def _print(rep: RollbackReport, as_json: bool, recovered: JournalRecovered | None = None) -> None:
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from polltuned.daemon.status import is_kept
 
     act = build_actuator(args)
+    claim_host(args, "rollback")
     if args.accept_unknown:
         aside = act.accept_unknown()
         print("accepted: the host state is known again (a fresh journal starts)"

@@ -2,6 +2,8 @@
 
 Signals only set flags; the loop acts on them between controller steps:
   SIGTERM/SIGINT: end the current trial safely, then the policy's on_exit (restore | keep), exit 0.
+  SIGUSR1 (``apply/rollback --force``, polltuned.cli._owner): hand over the host: end the current
+  trial safely, roll back every knob whatever on_exit says, exit 0.
   SIGHUP: in any phase, reload config + policy and re-tune with it (the controller ends the current
   round safely first); an invalid one is refused with one log line and STATUS=, and the old policy
   keeps running. A reload never ends the daemon.
@@ -42,6 +44,7 @@ class MetricsSink(Protocol):
 class _Flags:
     stop: bool = False
     reload: bool = False
+    handover: bool = False
 
 
 class Service:
@@ -83,6 +86,11 @@ class Service:
         if not self._foreign(signum):
             self.flags.stop = True
 
+    def _on_handover(self, signum: int, frame: FrameType | None) -> None:
+        if not self._foreign(signum):
+            self.flags.handover = True
+            self.flags.stop = True
+
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
         if not self._foreign(signum):
             self.flags.reload = True
@@ -115,6 +123,7 @@ class Service:
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_stop),
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_stop),
             signal.SIGHUP: signal.signal(signal.SIGHUP, self._on_hup),
+            signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_handover),
         }
         last_phase = ""
         last_publish = -1e18
@@ -122,7 +131,8 @@ class Service:
         try:
             for phase in self.controller.steps():
                 if self.flags.stop and not self.controller.stopping:
-                    log.info("stop requested: finishing the current step safely")
+                    log.info("%s: finishing the current step safely", "hand-over requested (apply/rollback --force)"
+                             if self.flags.handover else "stop requested")
                     self.notifier.stopping("finishing the current trial, then exiting")
                     self.controller.request_stop()
                 if self.flags.reload:
@@ -139,6 +149,8 @@ class Service:
                     self._publish()
                     self.notifier.status(self._short())
                     last_phase, last_publish = phase, now
+            if self.flags.handover:
+                self._hand_over()
             self._publish()
             return 0
         except PolltunedError:
@@ -150,6 +162,19 @@ class Service:
             if self.metrics is not None:
                 self.metrics.close()
             self.lock.release()
+
+    def _hand_over(self) -> None:
+        """Another command takes the host (``--force``): whatever on_exit says, nothing of the
+        daemon's stays behind; that command proceeds once the instance lock is free."""
+        act = getattr(self.controller, "actuator", None)
+        if act is None:
+            return
+        try:
+            if act.is_dirty():
+                act.rollback()
+                log.info("handed over: every knob rolled back")
+        except PolltunedError as e:
+            log.error("hand-over rollback failed: %s", e.message)
 
     def _reload(self) -> None:
         if self.controller.stopping:

@@ -10,6 +10,7 @@ The engine only ever talks to a :class:`TrialEnv`. Implementations:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -20,6 +21,8 @@ from polltuned.knobs.keys import Effect
 from polltuned.policy.schema import Policy
 from polltuned.probes.base import Probe
 from polltuned.records import Config, KnobValue, Window
+
+log = logging.getLogger("polltuned.engine")
 
 
 class TrialEnv(Protocol):
@@ -103,6 +106,8 @@ class HostEnv:
         #: instead of ``sampler``/``cpus``
         self.cpu_scope = cpu_scope
         self._affinity_pending: dict[str, KnobValue] = {}
+        #: the measured knobs as polltuned's last apply left them (the outside-write check)
+        self._written: dict[str, object] | None = None
 
     def current(self) -> dict[str, KnobValue]:
         keys = list(self.policy.knobs)
@@ -111,6 +116,7 @@ class HostEnv:
 
     def apply(self, config: Config) -> None:
         self.actuator.apply(config, reason="trial")
+        self._written = self._measured_values()
         keys = self.policy.knob_keys
         self._affinity_pending = {k: v for k, v in config.items()
                                   if k in keys and keys[k].effect is Effect.AFTER_AFFINITY}
@@ -137,6 +143,35 @@ class HostEnv:
             self.clock.sleep(0.05)
 
     def measure(self, window_index: int) -> Window:
+        """One window, discarded (failed) when a knob it measures was changed from outside
+        polltuned since the last apply or during the window (issue 16: an ``apply``/``sysctl -w``
+        while the daemon measures must not corrupt the experiment). The check is two reads of the
+        policy's knobs, in every phase that measures through this env."""
+        start = self._measured_values()
+        w = self._measure_window(window_index)
+        return self._outside_write(w, self._written if self._written is not None else start, start)
+
+    def _measured_values(self) -> dict[str, object] | None:
+        try:
+            return dict(self.actuator.read(list(self.policy.knobs)))
+        except PolltunedError:
+            return None  # a knob that cannot be read: the window itself reports what is wrong
+
+    def _outside_write(self, w: Window, before: dict[str, object] | None,
+                       start: dict[str, object] | None) -> Window:
+        after = self._measured_values()
+        if before is None or after is None:
+            return w
+        changed = [k for k in before if (k in after and after[k] != before[k])
+                   or (start is not None and k in start and start[k] != before[k])]
+        if not changed:
+            return w
+        what = ", ".join(f"{k} {before[k]!r} -> {after.get(k)!r}" for k in changed)
+        log.warning("window discarded: changed outside polltuned while measuring: %s", what)
+        return Window.failed(f"changed outside polltuned while measuring ({what}): window discarded",
+                             w.duration_s)
+
+    def _measure_window(self, window_index: int) -> Window:
         self.clock.sleep(self.policy.tuning.settle_s)
         self._settle_affinity()
         self.probe.restart()
