@@ -10,7 +10,7 @@ import os
 import signal
 import time
 
-from polltuned.errors import LockedError
+from polltuned.errors import LockedError, PermissionNeeded
 
 #: the signal that asks a running daemon to stop its round, roll back and hand over the host
 HANDOVER_SIGNAL = signal.SIGUSR1
@@ -28,8 +28,12 @@ def claim_host(args: argparse.Namespace, what: str) -> None:
     or, with ``--force``, take the host over from it."""
     from polltuned.daemon.status import daemon_running, holder_pid
 
-    if not daemon_running(args.run_dir):
-        return
+    try:
+        if not daemon_running(args.run_dir):
+            return
+    except PermissionNeeded:
+        return  # not root: this user cannot change knobs either; the command says what it cannot do
+
     pid = holder_pid(args.run_dir)
     if not getattr(args, "force", False):
         raise LockedError(f"{what} refused: the polltuned daemon (pid {pid or '?'}) owns the host "
