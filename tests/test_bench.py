@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from polltuned.bench.comparison import ArmSummary, compare_interleaved, summarise_arm
-from polltuned.bench.cpu import foreign_cores, parse_cpuidle_poll_us
+from polltuned.bench.cpu import foreign_cores
 from polltuned.bench.env import BenchEnv
 from polltuned.bench.table import BenchResult, render_table
 from polltuned.clock import FakeClock
 from polltuned.host.fs import FsHost
+from polltuned.metrics.cpu_scope import parse_cpuidle_poll_us
 from polltuned.policy.schema import Objective
 from polltuned.records import Config, KnobValue, Window
 from polltuned.stats import mean_ci
@@ -91,7 +92,8 @@ def test_parse_cpuidle_poll() -> None:
     assert parse_cpuidle_poll_us([("POLL\n", "1500\n"), ("haltpoll\n", "999999\n"), ("POLL", "500")]) == 2000.0
 
 
-def test_bench_env_records_windows_and_adds_idle_poll(tmp_path: Path) -> None:
+def test_bench_env_records_windows_and_adds_foreign_cpu(tmp_path: Path) -> None:
+    # idle polling is the CPU scope's (tests/test_cpu_scope.py): BenchEnv leaves the window's CPU alone
     for cpu in (0, 1):
         for st, name in ((0, "POLL"), (1, "haltpoll")):
             d = tmp_path / f"sys/devices/system/cpu/cpu{cpu}/cpuidle/state{st}"
@@ -106,8 +108,7 @@ def test_bench_env_records_windows_and_adds_idle_poll(tmp_path: Path) -> None:
     env.current()
     env.apply({"net.core.busy_read": 50})
     w = env.measure(0)
-    assert w.extra["idle_poll_cores"] == pytest.approx(0.25)  # 1 s of POLL over a 4 s window
-    assert w.cpu_cores == pytest.approx(1.25)
+    assert "idle_poll_cores" not in w.extra and w.cpu_cores == pytest.approx(1.0)
     assert w.extra["foreign_cores"] == pytest.approx(0.5)  # pid 10 used 2 s of CPU in 4 s
     line = json.loads(rec.getvalue().splitlines()[0])
     assert line["v"] == 1 and line["workload"] == "single"

@@ -99,6 +99,19 @@ def test_check_sim_probe_window_reports_every_input(tree: Path, tmp_path: Path,
     assert rows["throughput"]["needed"] and rows["throughput"]["measured"]
     assert rows["throughput"]["detail"].endswith("from the probe")
     assert rows["_doc"]["probe"]["window_s"] == 2.0
+    # the fake tree has no cpuidle: check says idle polling is not visible (issue 15.4)
+    assert "no POLL state" in rows["_doc"]["idle_poll"] and "not counted" in rows["_doc"]["idle_poll"]
+
+
+def test_check_says_idle_polling_is_counted_where_cpuidle_shows_it(tree: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    d = tree / "sys/devices/system/cpu/cpu0/cpuidle/state0"
+    d.mkdir(parents=True)
+    (d / "name").write_text("POLL\n")
+    (d / "time").write_text("12\n")
+    pol = _policy_file(tmp_path, 'kind = "sim"\nscenario = "gro_batch"')
+    main(["--host-root", str(tree), "check", str(pol), "--no-probe"])
+    assert "idle polling: counted in CPU (cpuidle POLL state)" in capsys.readouterr().out
 
 
 def test_check_command_probe_window(tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -327,3 +327,103 @@ def test_policy_probe_unit_field() -> None:
 
     with pytest.raises(PolicyError, match=r"probe.unit: String should match pattern"):
         policy(probe={"unit": "nginx service; rm"})
+
+
+# ---------------------------------------------------------------- idle polling (issue 15.4)
+def add_cpuidle(tree: Path, cpus: int = 2) -> None:
+    """cpuidle-haltpoll's two states per CPU: state0 POLL (time: cumulative µs), state1 haltpoll."""
+    for cpu in range(cpus):
+        for st, name in ((0, "POLL"), (1, "haltpoll idle")):
+            d = tree / f"sys/devices/system/cpu/cpu{cpu}/cpuidle/state{st}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "name").write_text(name + "\n")
+            (d / "time").write_text("1000\n")
+    (tree / "sys/devices/system/cpu/cpuidle").mkdir(parents=True, exist_ok=True)
+    (tree / "sys/devices/system/cpu/cpuidle/current_driver").write_text("haltpoll\n")
+
+
+def bump_poll(tree: Path, per_cpu_us: dict[int, int]) -> None:
+    for cpu, us in per_cpu_us.items():
+        t = tree / f"sys/devices/system/cpu/cpu{cpu}/cpuidle/state0/time"
+        t.write_text(str(int(t.read_text()) + us) + "\n")
+
+
+def test_idle_poll_is_counted_on_the_scopes_cpus(tmp_path: Path) -> None:
+    """/proc/stat counts POLL as idle: the scope adds it, on its own CPUs only."""
+    tree = vm_tree(tmp_path)
+    add_cpuidle(tree)
+    for irq in (38, 39):
+        set_irq_counts(tree, irq, [0, 0])
+    host = FsHost(tree)
+    clock = FakeClock()
+    sampler = Sampler(host, clock=clock, nic="eth0")
+    scoped = make_cpu_scope(policy(app_cpus=[0]), host, sampler, sampler.nics, clock=clock)
+    whole = make_cpu_scope(policy(nic="ns1/veth0"), host, sampler, sampler.nics, clock=clock)
+    blind = make_cpu_scope(policy(app_cpus=[0]), host, sampler, sampler.nics, clock=clock, idle_poll=False)
+    assert isinstance(whole, HostCpuScope) and scoped.idle_poll_note() == "counted (cpuidle POLL state)"
+    for s in (scoped, whole, blind):
+        s.begin()
+    clock.advance(1.0)
+    bump_stat(tree, {0: {"system": 30, "idle": 70}, 1: {"idle": 100}})
+    bump_poll(tree, {0: 200_000, 1: 500_000})         # 0.2 s spinning on CPU 0, 0.5 s on CPU 1
+    a, b, c = scoped.end(), whole.end(), blind.end()
+    assert a.idle_poll_cores == pytest.approx(0.2) and a.cores == pytest.approx(0.5)
+    assert b.idle_poll_cores == pytest.approx(0.7) and b.cores == pytest.approx(1.0)
+    assert c.idle_poll_cores is None and c.cores == pytest.approx(0.3)
+    assert scoped.status()["last_idle_poll_cores"] == pytest.approx(0.2)
+
+
+def test_no_poll_state_is_said(tmp_path: Path) -> None:
+    tree = vm_tree(tmp_path)          # the fixture has no cpuidle directories
+    host = FsHost(tree)
+    clock = FakeClock()
+    sampler = Sampler(host, clock=clock, nic="eth0")
+    scope = make_cpu_scope(policy(app_cpus=[0]), host, sampler, sampler.nics, clock=clock)
+    assert "no POLL state" in scope.idle_poll_note() and "not counted" in scope.idle_poll_note()
+    scope.begin()
+    clock.advance(1.0)
+    bump_stat(tree, {0: {"system": 30, "idle": 70}})
+    r = scope.end()
+    assert r.idle_poll_cores is None and r.cores == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("over", [{"nic": "ns1/veth0"}, {"app_cpus": [0]}])
+def test_daemon_and_bench_count_the_same_cores_for_one_window(tmp_path: Path, over: dict[str, object]) -> None:
+    """Issue 15.4: the daemon's scope and the bench's env measure the same window within 5 % (one
+    module: they agree exactly here), idle polling included in both."""
+    from polltuned.bench.session import host_env
+    from polltuned.daemon.wiring import CountersView, daemon_cpu_scope
+    from tests.test_sim import act_stub
+
+    tree = vm_tree(tmp_path)
+    add_cpuidle(tree)
+    for irq in (38, 39):
+        set_irq_counts(tree, irq, [0, 0])
+    host = FsHost(tree)
+    clock = FakeClock()
+    pol = policy(**over)
+    daemon = daemon_cpu_scope(pol, host, CountersView(host, clock, pol.nic_device), clock)
+
+    class BusyProbe:
+        name = "busy"
+
+        def start(self) -> None: ...
+        def restart(self) -> None: ...
+        def close(self) -> None: ...
+
+        def measure(self, duration_s: float, window_index: int) -> Window:
+            daemon.begin()               # the daemon's scope watches the very same window
+            clock.advance(2.0)
+            bump_stat(tree, {0: {"system": 60, "softirq": 20, "idle": 120}, 1: {"system": 10, "idle": 190}})
+            bump_poll(tree, {0: 300_000, 1: 100_000})
+            return Window(ok=True, latency={"p99": 20.0})
+
+    bench = host_env(pol, act_stub(), BusyProbe(), host, clock)
+    w = bench.measure(0)
+    d = daemon.end()
+    assert w.ok and w.cpu_cores is not None and d.idle_poll_cores is not None
+    assert w.cpu_cores == pytest.approx(d.cores, rel=0.05)
+    assert w.extra["idle_poll_cores"] == pytest.approx(d.idle_poll_cores, rel=0.05)
+    want_poll = 0.2 if "nic" in over else 0.15      # both CPUs (whole host) or CPU 0 only (app_cpus)
+    assert d.idle_poll_cores == pytest.approx(want_poll)
+    assert d.cores > d.idle_poll_cores

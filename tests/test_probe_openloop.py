@@ -125,10 +125,9 @@ def test_arm_latency_is_the_percentile_of_all_requests() -> None:
     assert arm_latency([], "p99") is None
 
 
-def test_the_host_env_keeps_the_probes_histogram_when_it_adds_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    import polltuned.engine.env as envmod
+def test_the_host_env_keeps_the_probes_histogram_when_it_adds_cpu() -> None:
     from polltuned.engine.env import HostEnv
-    from tests.test_sim import FakeRates, FakeSampler, act_stub
+    from tests.test_sim import FakeScope, act_stub
 
     text = LatencyHistogram.of_ns([20_000, 30_000]).encode()
 
@@ -142,8 +141,6 @@ def test_the_host_env_keeps_the_probes_histogram_when_it_adds_cpu(monkeypatch: p
         def measure(self, duration_s: float, window_index: int) -> Window:
             return Window(ok=True, latency={"p99": 30.0}, histogram=text, context={"rate": 2.0})
 
-    monkeypatch.setattr(envmod, "_rates", lambda a, b: FakeRates(0.5))
-    env = HostEnv(load_policy("sim-default"), act_stub(), HistProbe(), clock=FakeClock(), sampler=FakeSampler(),
-                  cpus=[0])
+    env = HostEnv(load_policy("sim-default"), act_stub(), HistProbe(), clock=FakeClock(), cpu_scope=FakeScope(0.5))
     w = env.measure(0)
     assert w.cpu_cores == 0.5 and w.histogram == text and w.context == {"rate": 2.0}

@@ -12,9 +12,10 @@ from polltuned.actuator import Actuator
 from polltuned.cli.main import main
 from polltuned.clock import FakeClock
 from polltuned.engine.env import HostEnv
-from polltuned.errors import HostError
 from polltuned.host.fs import FsHost
 from polltuned.journal import Journal
+from polltuned.metrics.cpu_scope import CpuReading
+from polltuned.metrics.window import MetricUnavailable
 from polltuned.policy.loader import load_policy
 from polltuned.probes.sim import SimProbe, make_fake_host_tree
 from polltuned.records import Window
@@ -49,14 +50,6 @@ def test_sim_probe_sees_what_the_actuator_wrote(tmp_path: Path) -> None:
     assert probe.read_config()["net.core.busy_read"] == 0
 
 
-class FakeRates:
-    def __init__(self, cores: float) -> None:
-        self.cores = cores
-
-    def busy_cores(self, cpus: Any = None, fields: tuple[str, ...] = ("system", "softirq", "irq")) -> float:
-        return self.cores
-
-
 class FakeProbe:
     name = "fake"
 
@@ -74,33 +67,41 @@ class FakeProbe:
     def close(self) -> None: ...
 
 
-class FakeSampler:
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
-        self.n = 0
+class FakeScope:
+    """A CPU scope (polltuned.metrics.cpu_scope) reporting fixed cores, or failing like a scope does."""
 
-    def sample(self) -> int:
+    def __init__(self, cores: float, poll: float | None = None, fail: bool = False) -> None:
+        self.cores, self.poll, self.fail = cores, poll, fail
+        self.begun = 0
+
+    def begin(self) -> None:
         if self.fail:
-            raise HostError("cannot read /proc/stat")
-        self.n += 1
-        return self.n
+            raise MetricUnavailable("cpu: cannot read /proc/stat")
+        self.begun += 1
+
+    def end(self) -> CpuReading:
+        return CpuReading(self.cores, "fake", (0,), self.poll)
+
+    def describe(self) -> str:
+        return "fake"
 
 
-def test_host_env_fills_cpu_from_the_sampler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import polltuned.engine.env as envmod
-
-    monkeypatch.setattr(envmod, "_rates", lambda a, b: FakeRates(0.75))
+def test_host_env_fills_cpu_from_the_cpu_scope() -> None:
     pol = load_policy("sim-default")
     probe = FakeProbe(cpu=None)
-    env = HostEnv(pol, act_stub(), probe, clock=FakeClock(), sampler=FakeSampler(), cpus=[0])
+    scope = FakeScope(0.75, poll=0.25)
+    env = HostEnv(pol, act_stub(), probe, clock=FakeClock(), cpu_scope=scope)
     w = env.measure(0)
-    assert w.ok and w.cpu_cores == 0.75 and probe.restarts == 1
+    assert w.ok and w.cpu_cores == 0.75 and probe.restarts == 1 and scope.begun == 1
+    assert w.extra["idle_poll_cores"] == 0.25
     # a probe that reports CPU itself wins
-    own = HostEnv(pol, act_stub(), FakeProbe(cpu=0.2), clock=FakeClock(), sampler=FakeSampler())
+    own = HostEnv(pol, act_stub(), FakeProbe(cpu=0.2), clock=FakeClock(), cpu_scope=FakeScope(0.75))
     assert own.measure(0).cpu_cores == 0.2
-    # a sampler failure is a failed window, never a number
-    bad = HostEnv(pol, act_stub(), FakeProbe(cpu=None), clock=FakeClock(), sampler=FakeSampler(fail=True)).measure(0)
-    assert not bad.ok and "sampler" in (bad.error or "")
+    # no scope: the probe's CPU only (the simulated world reports its own)
+    assert HostEnv(pol, act_stub(), FakeProbe(cpu=None), clock=FakeClock()).measure(0).cpu_cores is None
+    # a scope failure is a failed window, never a number
+    bad = HostEnv(pol, act_stub(), FakeProbe(cpu=None), clock=FakeClock(), cpu_scope=FakeScope(1, fail=True)).measure(0)
+    assert not bad.ok and "/proc/stat" in (bad.error or "")
 
 
 class act_stub:

@@ -2,10 +2,10 @@
 
 The package, one module per part (each imports only those above it in this list)::
 
-    cpu         idle-poll (halt-polling) CPU, steal, other processes' CPU, wait for a quiet machine
+    cpu         steal, other processes' CPU, wait for a quiet machine (own CPU: metrics/cpu_scope)
     signals     Ctrl-C / SIGTERM unwind as KeyboardInterrupt; the per-window checkpoint
     world       the netns + veth world and its workloads (sockperf layouts, nginx, memcached)
-    env         BenchEnv: the TrialEnv wrapper that adds the CPU accounting and records windows
+    env         BenchEnv: the TrialEnv wrapper that adds steal / foreign CPU and records windows
     comparison  the interleaved final comparison, its stopping rule and the per-arm summaries
     table       BenchResult, its JSON document and the printed table
     session     settings, crash recovery, the world + policy + probe + env set up and torn down
@@ -26,8 +26,8 @@ Order of operations (each step undone in ``finally``, also on SIGINT/SIGTERM; :f
    CPU hog if any, and its application server if any;
 3. the workload's policy resolved to the world's nic (``ptb-s/ptbs``), knobs this host lacks dropped,
    the probe pointed at the world with the workload's layout;
-4. the engine (``engine.driver.drive``) over a HostEnv (wrapped to add guest idle-poll CPU, foreign
-   CPU and steal, and to record windows);
+4. the engine (``engine.driver.drive``) over a HostEnv whose CPU is the daemon's CPU scope (idle
+   polling included; wrapped to add foreign CPU and steal, and to record windows);
 5. final comparison, interleaved round by round in a rotating order: the kernel defaults (the host's
    values at start), tuned's static network-latency values (busy_read = busy_poll = 50), the
    configuration polltuned deployed and, with ``--oracle``, the oracle's best (benchmarks/oracle.py);

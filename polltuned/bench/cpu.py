@@ -1,45 +1,16 @@
-"""The bench's CPU accounting around each window: guest idle-poll (halt-polling) time, steal and
-other processes' CPU; and the wait for a quiet machine before measuring.
-
-Why guest idle polling is added to CPU: with ``guest_halt_poll_ns`` the vCPU spins in the cpuidle
-POLL state, which /proc/stat counts as idle (vm-bench.md §8); without the correction the tuner
-would see that knob as free.
-"""
+"""The bench's accounting of what disturbs a window: steal and other processes' CPU; and the wait
+for a quiet machine before measuring. The window's own CPU (idle polling included) is the daemon's
+CPU account, polltuned.metrics.cpu_scope."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from polltuned.clock import Clock
 from polltuned.counters.stat import USER_HZ, StatRecord, parse_stat
-from polltuned.errors import HostError, PolltunedError
+from polltuned.errors import PolltunedError
 from polltuned.host.fs import Host
-
-
-def parse_cpuidle_poll_us(names_times: Sequence[tuple[str, str]]) -> float:
-    """Pure: total µs spent in cpuidle states named ``POLL``, from (name, time) file contents
-    (/sys/devices/system/cpu/cpuN/cpuidle/stateM/{name,time}; time is cumulative µs)."""
-    total = 0.0
-    for name, t in names_times:
-        if name.strip() == "POLL":
-            try:
-                total += float(t.strip())
-            except ValueError:
-                continue
-    return total
-
-
-def read_cpuidle_poll_us(host: Host) -> float | None:
-    pairs: list[tuple[str, str]] = []
-    for cpu in host.glob("/sys/devices/system/cpu", "cpu[0-9]*"):
-        base = f"/sys/devices/system/cpu/{cpu}/cpuidle"
-        for st in host.glob(base, "state[0-9]*"):
-            try:
-                pairs.append((host.read_text(f"{base}/{st}/name"), host.read_text(f"{base}/{st}/time")))
-            except HostError:
-                continue
-    return parse_cpuidle_poll_us(pairs) if pairs else None
 
 
 def read_steal_ticks(host: Host) -> int | None:

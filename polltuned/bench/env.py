@@ -1,5 +1,7 @@
-"""BenchEnv: the bench's TrialEnv wrapper (adds idle-poll CPU, foreign CPU and steal to every
-window, logs every window with its phase and configuration, writes ``--record`` lines)."""
+"""BenchEnv: the bench's TrialEnv wrapper (adds other processes' CPU and steal to every window,
+logs every window with its phase and configuration, writes ``--record`` lines). The window's own
+CPU, idle polling included, comes from the inner HostEnv's CPU scope (polltuned.metrics.cpu_scope),
+the daemon's account."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import IO
 
-from polltuned.bench.cpu import foreign_cores, read_cpuidle_poll_us, read_steal_ticks
+from polltuned.bench.cpu import foreign_cores, read_steal_ticks
 from polltuned.bench.signals import raise_if_interrupted
 from polltuned.clock import Clock
 from polltuned.counters.stat import USER_HZ
@@ -56,27 +58,20 @@ class BenchEnv:
 
     def measure(self, window_index: int) -> Window:
         raise_if_interrupted()
-        p0 = read_cpuidle_poll_us(self.host)
         s0 = read_steal_ticks(self.host)
         f0 = self._foreign() if self._foreign is not None else None
         t0 = self.clock.monotonic()
         w = self.inner.measure(window_index)
         elapsed = self.clock.monotonic() - t0
-        p1 = read_cpuidle_poll_us(self.host)
         s1 = read_steal_ticks(self.host)
         f1 = self._foreign() if self._foreign is not None else None
         if w.ok and elapsed > 0:
-            extra = dict(w.extra)
-            cpu = w.cpu_cores
-            if p0 is not None and p1 is not None:
-                poll = max(0.0, (p1 - p0) / 1e6 / elapsed)
-                extra["idle_poll_cores"] = poll
-                cpu = None if cpu is None else cpu + poll
+            extra = dict(w.extra)  # idle_poll_cores: from the CPU scope (already part of cpu_cores)
             if f0 is not None and f1 is not None:
                 extra["foreign_cores"] = foreign_cores(f0, f1, elapsed)
             if s0 is not None and s1 is not None:
                 extra["steal_cores"] = max(0, s1 - s0) / USER_HZ / elapsed
-            w = replace(w, cpu_cores=cpu, extra=extra)
+            w = replace(w, extra=extra)
         cfg = dict(self._config)
         self.windows.entries.append((self.phase, cfg, w))
         if self.record is not None:

@@ -24,6 +24,7 @@ from polltuned.engine.env import HostEnv, TrialEnv
 from polltuned.errors import PolltunedError, UsageError
 from polltuned.host.exec import SubprocessRunner, foreign_cpu_seconds
 from polltuned.host.fs import Host
+from polltuned.metrics.cpu_scope import make_cpu_scope
 from polltuned.policy.edits import strip_seeds
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import CommandProbe as CommandConfig
@@ -221,8 +222,10 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
                 world.teardown()
 
 
-def host_env(policy: Any, actuator: Any, probe: Any, host: Host, clock: Clock) -> TrialEnv:
-
+def host_env(policy: Policy, actuator: Any, probe: Any, host: Host, clock: Clock) -> TrialEnv:
+    """The bench's HostEnv: CPU through the daemon's own CPU account (polltuned.metrics.cpu_scope,
+    idle polling included), so the bench and the daemon count the same cores for the same window."""
     sampler = Sampler(host, clock=clock)
-    env: TrialEnv = HostEnv(policy, actuator, probe, clock=clock, sampler=sampler)
+    scope = make_cpu_scope(policy, host, sampler, sampler.nics, clock=clock)
+    env: TrialEnv = HostEnv(policy, actuator, probe, clock=clock, cpu_scope=scope)
     return env

@@ -28,6 +28,7 @@ from polltuned.errors import ExitCode, HostError, PermissionNeeded, PolltunedErr
 from polltuned.host.fs import Host
 from polltuned.knobs.compat import APP_STRATEGIES, Compat
 from polltuned.knobs.registry import KnobRegistry
+from polltuned.metrics.cpu_scope import CpuScope, IdlePoll, make_cpu_scope
 from polltuned.metrics.window import NicRates
 from polltuned.policy.schema import CommandProbe, Policy, PrometheusProbe, SockperfProbe, TcpRttProbe
 from polltuned.probes.capabilities import Need, needs
@@ -72,6 +73,8 @@ class WindowResult:
     cpu_error: str = ""
     nic: NicRates | None = None
     nic_error: str = ""
+    #: the daemon's CPU scope for this policy (polltuned.metrics.cpu_scope), as it described itself
+    cpu_scope: str = ""
 
 
 def probe_window(policy: Policy, host: Host, seconds: float) -> WindowResult:
@@ -88,6 +91,7 @@ def probe_window(policy: Policy, host: Host, seconds: float) -> WindowResult:
     nic = policy.nic_device
     families = () if sim else (("stat", "links") if nic else ("stat",))
     sampler: Any = None
+    scope: CpuScope | None = None
     probe: Any = None
     res = WindowResult(Window.failed("not run"))
     try:
@@ -99,8 +103,12 @@ def probe_window(policy: Policy, host: Host, seconds: float) -> WindowResult:
             sampler = Sampler(host, clock=clock, nic=nic, families=families)
             try:
                 s0 = sampler.sample()
+                # CPU as the daemon charges it: the one CPU account, idle polling included
+                scope = make_cpu_scope(policy, host, sampler, sampler.nics, clock=clock)
+                scope.begin()
             except PolltunedError as e:
                 res = dataclasses.replace(res, cpu_error=e.message, nic_error=e.message)
+                scope = None
         w: Window = probe.measure(seconds, 0)
         res = dataclasses.replace(res, window=w)
         if sim:
@@ -110,10 +118,12 @@ def probe_window(policy: Policy, host: Host, seconds: float) -> WindowResult:
                 r = rates(s0, sampler.sample())
             except (PolltunedError, ValueError) as e:
                 return dataclasses.replace(res, cpu_error=str(e), nic_error=str(e))
-            try:
-                res = dataclasses.replace(res, cpu_cores=r.busy_cores(policy.app_cpus or None))
-            except PolltunedError as e:
-                res = dataclasses.replace(res, cpu_error=e.message)
+            if scope is not None:
+                try:
+                    c = scope.end()
+                    res = dataclasses.replace(res, cpu_cores=c.cores, cpu_scope=c.scope)
+                except PolltunedError as e:
+                    res = dataclasses.replace(res, cpu_error=e.message)
             if nic is not None:
                 nr = (r.nic or {}).get(nic)
                 res = dataclasses.replace(res, nic=nr, nic_error="" if nr is not None else
@@ -137,7 +147,9 @@ def measured(n: Need, res: WindowResult) -> tuple[bool, str]:
     w = res.window
     if n.name == "cpu":
         c = res.cpu_cores
-        return (c is not None), (f"{c:.3f} cores" if c is not None else (res.cpu_error or f"window failed: {w.error}"))
+        scope = f" ({res.cpu_scope})" if res.cpu_scope else ""
+        return (c is not None), (f"{c:.3f} cores{scope}" if c is not None
+                                 else (res.cpu_error or f"window failed: {w.error}"))
     if n.name == "throughput":
         if w.ok and w.throughput_pps is not None:
             return True, f"{w.throughput_pps:.1f}/s from the probe"
@@ -189,10 +201,15 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
     release = ""
     with contextlib.suppress(HostError):
         release = host.read_text("/proc/sys/kernel/osrelease").strip()
+    # halt polling (guest_halt_poll_ns) spins in the cpuidle POLL state, which /proc/stat counts as
+    # idle: the CPU account adds it where cpuidle exposes that state; say when it does not
+    poll = IdlePoll(host)
+    poll.read()
+    idle_poll = "counted in CPU (cpuidle POLL state)" if poll.missing is None else poll.missing
     if args.json:
         print(json.dumps({"policy": pol.name, "file": file, "kernel": release, "knobs": list(compat.policy.knobs),
                           "dropped": dropped, "narrowed": dict(compat.narrowed),
-                          "needs_editing": edits,
+                          "needs_editing": edits, "idle_poll": idle_poll,
                           "probe": {"kind": pol.probe.kind, "window_s": None if window is None else seconds,
                                     "inputs": inputs}}, indent=2))
         return _verdict(file, edits, window)
@@ -209,6 +226,7 @@ def check_policy(args: argparse.Namespace, host: Host) -> int:
         else:
             verdict = {True: "yes", False: "no", None: "only a window can tell"}[r["by_design"]] + " by design"
         print(f"{head}: {verdict} [{r['source']}]")
+    print(f"idle polling: {idle_poll}")
     for e in edits:
         print(f"polltuned: check: needs editing: {e}")
     if not edits and (window is None or window.window.ok):

@@ -21,6 +21,7 @@ from polltuned.daemon.watch import Watcher
 from polltuned.engine.env import TrialEnv
 from polltuned.errors import PolltunedError
 from polltuned.host.fs import FsHost, Host
+from polltuned.metrics.cpu_scope import CpuScope, make_cpu_scope
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
@@ -163,19 +164,23 @@ class Daemon:
         return pol
 
 
+def daemon_cpu_scope(policy: Policy, host: Host, counters: CountersView, clock: Clock) -> CpuScope:
+    """The objective's CPU account (polltuned.metrics.cpu_scope, idle polling included) over the
+    daemon's own counters sampler: the same module, and so the same cores, as the bench's."""
+    sampler = counters._sampler
+    return make_cpu_scope(policy, host, sampler, sampler.nics if sampler is not None else None, clock=clock)
+
+
 def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, counters: CountersView) -> TrialEnv:
     """The prepared policy's probe and a HostEnv (the engine's builder)."""
     from polltuned.engine.builder import build_env as engine_env
-    from polltuned.metrics.cpu_scope import make_cpu_scope
     from polltuned.probes.factory import make_probe
 
     probe = make_probe(policy.probe, host, clock=clock, policy=policy, seed=policy.tuning.seed)
     probe.start()
     if policy.probe.kind == "sim":  # the simulated world reports its own CPU
         return engine_env(policy, actuator, probe, clock)
-    sampler = counters._sampler
-    scope = make_cpu_scope(policy, host, sampler, sampler.nics if sampler is not None else None, clock=clock)
-    return engine_env(policy, actuator, probe, clock, cpu_scope=scope)
+    return engine_env(policy, actuator, probe, clock, cpu_scope=daemon_cpu_scope(policy, host, counters, clock))
 
 
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,

@@ -16,13 +16,13 @@ connections, a Prometheus histogram of a running server, a command that does not
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from polltuned.clock import Clock
 from polltuned.engine.core import Engine
-from polltuned.engine.env import CpuSampler, CpuScopeLike, HostEnv, TrialEnv
+from polltuned.engine.env import CpuScopeLike, HostEnv, TrialEnv
 from polltuned.errors import KnobUnsupported
 from polltuned.knobs.compat import Compat, KnobSource, detect, log_compat
 from polltuned.knobs.keys import Effect
@@ -103,9 +103,10 @@ def prepare_policy(policy: Policy, source: KnobSource | None = None) -> tuple[Po
 
 
 def build_env(policy: Policy, actuator: Any, probe: Probe, clock: Clock, *,
-              sampler: CpuSampler | None = None, cpus: Sequence[int] | None = None,
               cpu_scope: CpuScopeLike | None = None) -> HostEnv:
-    return HostEnv(policy, actuator, probe, clock=clock, sampler=sampler, cpus=cpus, cpu_scope=cpu_scope)
+    """The HostEnv; ``cpu_scope`` (polltuned.metrics.cpu_scope.make_cpu_scope) measures CPU when the
+    probe does not report it."""
+    return HostEnv(policy, actuator, probe, clock=clock, cpu_scope=cpu_scope)
 
 
 def build_engine(policy: Policy, env: TrialEnv, store: Study, clock: Clock, *, optimiser: Optimiser | None = None,

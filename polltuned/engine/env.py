@@ -3,8 +3,8 @@
 The engine only ever talks to a :class:`TrialEnv`. Implementations:
   * :class:`HostEnv` (here): the live host, the simulated world on a fake tree (``polltuned sim``)
     and the embedded world of ``polltuned bench`` — knobs through the Actuator (journal first,
-    verify, transactional), latency from a Probe, CPU from the counters when the probe does not
-    report it;
+    verify, transactional), latency from a Probe, CPU from the one CPU account
+    (polltuned.metrics.cpu_scope, idle polling included) when the probe does not report it;
   * ``polltuned.worlds.env.ScenarioEnv``: an in-process world for the tuner-quality benchmark.
 """
 
@@ -47,6 +47,8 @@ class TrialEnv(Protocol):
 class CpuReadingLike(Protocol):
     @property
     def cores(self) -> float: ...
+    @property
+    def idle_poll_cores(self) -> float | None: ...
 
 
 class CpuScopeLike(Protocol):
@@ -62,25 +64,6 @@ class ActuatorLike(Protocol):
     def apply(self, assignment: Config, *, reason: str = "") -> Any: ...
 
 
-class RatesLike(Protocol):
-    def busy_cores(self, cpus: Sequence[int] | None = None,
-                   fields: tuple[str, ...] = ("system", "softirq", "irq")) -> float: ...
-
-
-class CpuSampler(Protocol):
-    """``polltuned.counters.Sampler`` as seen from here: ``sample()`` returns a snapshot that
-    ``polltuned.metrics.window.rates(a, b)`` turns into per-CPU rates."""
-
-    def sample(self) -> Any: ...
-
-
-def _rates(a: Any, b: Any) -> RatesLike:
-    from polltuned.metrics.window import rates  # lazy: the observation layer
-
-    r: RatesLike = rates(a, b)
-    return r
-
-
 def _value(v: Any) -> KnobValue:
     """Actuator.read returns KnobValue (or a record carrying .value); normalise to a plain value."""
     if isinstance(v, (int, float, str)):
@@ -93,17 +76,15 @@ def _value(v: Any) -> KnobValue:
 
 class HostEnv:
     def __init__(self, policy: Policy, actuator: ActuatorLike, probe: Probe, *, clock: Clock,
-                 sampler: CpuSampler | None = None, cpus: Sequence[int] | None = None,
                  cpu_scope: CpuScopeLike | None = None) -> None:
         self.policy = policy
         self.actuator = actuator
         self.probe = probe
         self.clock = clock
-        self.sampler = sampler
-        self.cpus = list(cpus) if cpus is not None else None
-        #: where the objective's CPU comes from (polltuned.metrics.cpu_scope: the service's cgroup,
-        #: the NIC-queue + app CPUs, or the whole host as a stated fallback); when set, it is used
-        #: instead of ``sampler``/``cpus``
+        #: where the objective's CPU comes from when the probe does not report it: the one CPU
+        #: account (polltuned.metrics.cpu_scope: the service's cgroup, the NIC-queue + app CPUs, or
+        #: the whole host as a stated fallback; idle polling included). None: only the probe's own
+        #: CPU (the simulated world reports it)
         self.cpu_scope = cpu_scope
         self._affinity_pending: dict[str, KnobValue] = {}
         #: the measured knobs as polltuned's last apply left them (the outside-write check)
@@ -175,23 +156,9 @@ class HostEnv:
         self.clock.sleep(self.policy.tuning.settle_s)
         self._settle_affinity()
         self.probe.restart()
-        if self.cpu_scope is not None:
-            return self._measure_scoped(window_index, self.cpu_scope)
-        s0 = None
-        if self.sampler is not None:
-            try:
-                s0 = self.sampler.sample()
-            except PolltunedError as e:
-                return Window.failed(f"cpu sampler failed: {e.message}")
-        w = self.probe.measure(self.policy.tuning.window_s, window_index)
-        if self.sampler is not None and w.ok and w.cpu_cores is None:
-            try:
-                s1 = self.sampler.sample()
-                cores = _rates(s0, s1).busy_cores(self.cpus)
-            except (PolltunedError, ValueError, ZeroDivisionError) as e:
-                return Window.failed(f"cpu sampler failed: {e}", w.duration_s)
-            w = replace(w, cpu_cores=cores)  # keeps everything else the probe gave (histogram, context)
-        return w
+        if self.cpu_scope is None:
+            return self.probe.measure(self.policy.tuning.window_s, window_index)
+        return self._measure_scoped(window_index, self.cpu_scope)
 
     def _measure_scoped(self, window_index: int, scope: CpuScopeLike) -> Window:
         try:
@@ -204,10 +171,13 @@ class HostEnv:
                 r = scope.end()
             except PolltunedError as e:
                 return Window.failed(e.message, w.duration_s)
-            w = replace(w, cpu_cores=r.cores)
+            extra = dict(w.extra)
+            if r.idle_poll_cores is not None:
+                extra["idle_poll_cores"] = r.idle_poll_cores
+            # keeps everything else the probe gave (histogram, context)
+            w = replace(w, cpu_cores=r.cores, extra=extra)
         return w
 
     def describe(self) -> Mapping[str, object]:
         return {"probe": getattr(self.probe, "name", "?"), "policy": self.policy.name,
-                "cpus": self.cpus,
                 "cpu_scope": self.cpu_scope.describe() if self.cpu_scope is not None else None}

@@ -21,10 +21,21 @@ in this order:
 The choice is made once per policy (mixing scopes between windows would make their CPU numbers
 incomparable); a scope that cannot measure a window raises MetricUnavailable, which the caller
 records as a failed window (never told to the optimiser).
+
+**Idle polling is CPU too.** With ``guest_halt_poll_ns`` (cpuidle-haltpoll) or the generic
+``poll_idle`` a vCPU spins in the cpuidle ``POLL`` state before it halts; /proc/stat and cgroup
+``cpu.stat`` count that spinning as idle (vm-bench.md §8), so without a correction the knob looks
+free. Every scope adds the POLL state's time (``/sys/devices/system/cpu/cpuN/cpuidle/stateM/time``,
+µs, where ``name`` is ``POLL``) on its own CPUs: the NIC-queue + app CPUs, every CPU for the
+whole-host scope, and for a cgroup the policy's app_cpus (every CPU without them: halt polling
+belongs to no task). Where cpuidle exposes no POLL state the scope says so (``status()``,
+``polltuned check``) and counts none. This module is the one CPU account: the daemon, ``sim``, the
+bench and ``check`` all measure CPU through it (HostEnv has no CPU path of its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,11 +65,89 @@ class CpuSampler(Protocol):
 
 @dataclass(frozen=True)
 class CpuReading:
-    """Cores spent in the scope over one window, and what the scope was (for status)."""
+    """Cores spent in the scope over one window (idle polling included), and what the scope was."""
 
     cores: float
     scope: str
     cpus: tuple[int, ...] = ()
+    #: the part of ``cores`` spent spinning in cpuidle POLL; None when cpuidle exposes no POLL state
+    idle_poll_cores: float | None = None
+
+
+CPU_SYSFS = "/sys/devices/system/cpu"
+
+
+def parse_cpuidle_poll_us(names_times: Sequence[tuple[str, str]]) -> float:
+    """Pure: total µs spent in cpuidle states named ``POLL``, from (name, time) file contents
+    (/sys/devices/system/cpu/cpuN/cpuidle/stateM/{name,time}; time is cumulative µs)."""
+    total = 0.0
+    for name, t in names_times:
+        if name.strip() == "POLL":
+            try:
+                total += float(t.strip())
+            except ValueError:
+                continue
+    return total
+
+
+class IdlePoll:
+    """Per-CPU cumulative µs in the cpuidle POLL state. The POLL state files are found once
+    (their names do not change while the system runs); :attr:`missing` says why none is counted."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._paths: dict[int, list[str]] | None = None
+        self.missing: str | None = None
+
+    def _discover(self) -> dict[int, list[str]]:
+        if self._paths is not None:
+            return self._paths
+        paths: dict[int, list[str]] = {}
+        for cpu in self.host.glob(CPU_SYSFS, "cpu[0-9]*"):
+            base = f"{CPU_SYSFS}/{cpu}/cpuidle"
+            for st in self.host.glob(base, "state[0-9]*"):
+                try:
+                    name = self.host.read_text(f"{base}/{st}/name")
+                except HostError:
+                    continue
+                if name.strip() == "POLL":
+                    paths.setdefault(int(cpu[3:]), []).append(f"{base}/{st}/time")
+        if not paths:
+            driver = ""
+            with contextlib.suppress(HostError):
+                driver = self.host.read_text(f"{CPU_SYSFS}/cpuidle/current_driver").strip()
+            self.missing = ("cpuidle exposes no POLL state" + (f" (driver {driver})" if driver else
+                                                               " (no cpuidle driver)")
+                            + ": idle polling, if any, is not counted")
+        self._paths = paths
+        return paths
+
+    def read(self) -> dict[int, float] | None:
+        """CPU -> cumulative POLL µs; None when no POLL state is visible."""
+        paths = self._discover()
+        if not paths:
+            return None
+        out: dict[int, float] = {}
+        for cpu, files in paths.items():
+            total = 0.0
+            for f in files:
+                try:
+                    total += float(self.host.read_text(f).strip())
+                except (HostError, ValueError):
+                    continue
+            out[cpu] = total
+        return out
+
+
+def poll_cores(before: Mapping[int, float], after: Mapping[int, float], cpus: Iterable[int] | None,
+               elapsed_s: float) -> float:
+    """Pure: cores spent in POLL on ``cpus`` (None: every CPU) between two :meth:`IdlePoll.read`."""
+    if elapsed_s <= 0:
+        return 0.0
+    keys = before.keys() & after.keys()
+    if cpus is not None:
+        keys &= set(cpus)
+    return sum(max(0.0, after[c] - before[c]) for c in keys) / 1e6 / elapsed_s
 
 
 def format_cpus(cpus: Iterable[int]) -> str:
@@ -70,13 +159,42 @@ def format_cpus(cpus: Iterable[int]) -> str:
 
 class CpuScope:
     """``begin()`` before the window, ``end()`` after it. ``fallbacks`` lists why preferred scopes
-    were passed over (empty when the first choice was used)."""
+    were passed over (empty when the first choice was used). With ``idle_poll`` (and its ``clock``)
+    the cpuidle POLL time on the scope's CPUs is added to every reading."""
 
     kind: ScopeKind = "host"
 
-    def __init__(self, fallbacks: Sequence[str] = ()) -> None:
+    def __init__(self, fallbacks: Sequence[str] = (), *, idle_poll: IdlePoll | None = None,
+                 clock: Clock | None = None) -> None:
         self.fallbacks: tuple[str, ...] = tuple(fallbacks)
         self.last: CpuReading | None = None
+        self.idle_poll = idle_poll if clock is not None else None
+        self._clock = clock
+        self._poll0: tuple[dict[int, float], float] | None = None
+
+    def idle_poll_note(self) -> str:
+        """Whether idle polling is counted, for status and ``check``."""
+        if self.idle_poll is None:
+            return "not counted (no idle-poll reader)"
+        self.idle_poll.read()  # discovers the POLL states once
+        return "counted (cpuidle POLL state)" if self.idle_poll.missing is None else self.idle_poll.missing
+
+    def _poll_begin(self) -> None:
+        self._poll0 = None
+        if self.idle_poll is not None and self._clock is not None:
+            got = self.idle_poll.read()
+            if got is not None:
+                self._poll0 = (got, self._clock.monotonic())
+
+    def _poll_end(self, cpus: Iterable[int] | None) -> float | None:
+        """Cores in POLL on ``cpus`` (None: every CPU) since :meth:`_poll_begin`; None when unseen."""
+        start, self._poll0 = self._poll0, None
+        if start is None or self.idle_poll is None or self._clock is None:
+            return None
+        got = self.idle_poll.read()
+        if got is None:
+            return None
+        return poll_cores(start[0], got, cpus, self._clock.monotonic() - start[1])
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -93,6 +211,7 @@ class CpuScope:
         return {"kind": self.kind, "scope": last.scope if last is not None else self.describe(),
                 "fallbacks": list(self.fallbacks),
                 "last_cores": None if last is None else last.cores,
+                "last_idle_poll_cores": None if last is None else last.idle_poll_cores,
                 "cpus": None if last is None or self.kind == "cgroup" else list(last.cpus)}
 
     def _done(self, reading: CpuReading) -> CpuReading:
@@ -106,8 +225,11 @@ class CgroupCpuScope(CpuScope):
     kind: ScopeKind = "cgroup"
 
     def __init__(self, host: Host, unit: str, *, clock: Clock,
-                 field: Literal["system", "usage"] = "system", fallbacks: Sequence[str] = ()) -> None:
-        super().__init__(fallbacks)
+                 field: Literal["system", "usage"] = "system", fallbacks: Sequence[str] = (),
+                 idle_poll: IdlePoll | None = None, poll_cpus: Sequence[int] = ()) -> None:
+        super().__init__(fallbacks, idle_poll=idle_poll, clock=clock)
+        #: where halt polling is counted (it belongs to no task): the app CPUs, or every CPU
+        self.poll_cpus = tuple(poll_cpus)
         self.host = host
         self.unit = unit_name(unit)
         self.clock = clock
@@ -133,6 +255,7 @@ class CgroupCpuScope(CpuScope):
             self._begin = (self._read(), self.clock.monotonic())
         except (HostError, ParseError) as e:
             raise MetricUnavailable(f"cpu: {e.message}") from None
+        self._poll_begin()
 
     def end(self) -> CpuReading:
         if self._begin is None:
@@ -151,7 +274,8 @@ class CgroupCpuScope(CpuScope):
             raise MetricUnavailable(f"cpu: {self.unit} cpu.stat went backwards (cgroup re-created)")
         if not dt > 0:
             raise MetricUnavailable(f"cpu: window of {dt!r} s")
-        return self._done(CpuReading((x1 - x0) / 1e6 / dt, self.describe()))
+        poll = self._poll_end(self.poll_cpus or None)
+        return self._done(CpuReading((x1 - x0) / 1e6 / dt + (poll or 0.0), self.describe(), self.poll_cpus, poll))
 
 
 def _rates(a: Any, b: Any) -> Any:
@@ -165,8 +289,9 @@ class HostCpuScope(CpuScope):
 
     kind: ScopeKind = "host"
 
-    def __init__(self, sampler: CpuSampler, why: str, *, fallbacks: Sequence[str] = ()) -> None:
-        super().__init__(fallbacks)
+    def __init__(self, sampler: CpuSampler, why: str, *, fallbacks: Sequence[str] = (),
+                 idle_poll: IdlePoll | None = None, clock: Clock | None = None) -> None:
+        super().__init__(fallbacks, idle_poll=idle_poll, clock=clock)
         self.sampler = sampler
         self.why = why
         self._s0: Any = None
@@ -176,14 +301,16 @@ class HostCpuScope(CpuScope):
 
     def begin(self) -> None:
         self._s0 = self.sampler.sample()
+        self._poll_begin()
 
     def end(self) -> CpuReading:
         if self._s0 is None:
             raise MetricUnavailable("cpu: no begin() snapshot")
         s0, self._s0 = self._s0, None
         r = _rates(s0, self.sampler.sample())
-        cores = float(r.busy_cores(None, CPU_FIELDS))
-        return self._done(CpuReading(cores, self.describe(), tuple(sorted(r.cpu))))
+        poll = self._poll_end(None)
+        cores = float(r.busy_cores(None, CPU_FIELDS)) + (poll or 0.0)
+        return self._done(CpuReading(cores, self.describe(), tuple(sorted(r.cpu)), poll))
 
 
 #: reads the CPUs an IRQ targets; None when unknown (fake tree without /proc/irq, IRQ gone)
@@ -221,8 +348,9 @@ class CpusCpuScope(CpuScope):
     kind: ScopeKind = "cpus"
 
     def __init__(self, sampler: CpuSampler, *, host: Host | None, nic: NicInfo | None, app_cpus: Sequence[int],
-                 fallbacks: Sequence[str] = ()) -> None:
-        super().__init__(fallbacks)
+                 fallbacks: Sequence[str] = (), idle_poll: IdlePoll | None = None,
+                 clock: Clock | None = None) -> None:
+        super().__init__(fallbacks, idle_poll=idle_poll, clock=clock)
         self.sampler = sampler
         self.host = host
         self.nic = nic
@@ -276,6 +404,7 @@ class CpusCpuScope(CpuScope):
     def begin(self) -> None:
         self._refresh_targets()
         self._s0 = self.sampler.sample()
+        self._poll_begin()
 
     def end(self) -> CpuReading:
         if self._s0 is None:
@@ -292,8 +421,9 @@ class CpusCpuScope(CpuScope):
         online = [c for c in sorted(wanted) if c in r.cpu]
         if not online:
             raise MetricUnavailable(f"cpu: none of the scope's CPUs ({format_cpus(wanted)}) is online")
-        cores = float(r.busy_cores(online, CPU_FIELDS))
-        return self._done(CpuReading(cores, self._label(online), tuple(online)))
+        poll = self._poll_end(online)
+        cores = float(r.busy_cores(online, CPU_FIELDS)) + (poll or 0.0)
+        return self._done(CpuReading(cores, self._label(online), tuple(online), poll))
 
 
 class NoCpuScope(CpuScope):
@@ -316,9 +446,12 @@ class NoCpuScope(CpuScope):
 
 
 def make_cpu_scope(policy: Policy, host: Host, sampler: CpuSampler | None, nicmap: Mapping[str, NicInfo] | None,
-                   *, clock: Clock, cgroup_field: Literal["system", "usage"] = "system") -> CpuScope:
+                   *, clock: Clock, cgroup_field: Literal["system", "usage"] = "system",
+                   idle_poll: bool = True) -> CpuScope:
     """The CPU scope for ``policy``: its unit's cgroup, else the NIC-queue + app CPUs, else the whole
-    host. ``nicmap`` is ``Sampler.nics`` (device -> NicInfo). Logs the choice once."""
+    host; with ``idle_poll`` the cpuidle POLL time on its CPUs is added. ``nicmap`` is
+    ``Sampler.nics`` (device -> NicInfo). Logs the choice once."""
+    poll = IdlePoll(host) if idle_poll else None
     fallbacks: list[str] = []
     unit = getattr(policy.probe, "unit", None)
     if unit:
@@ -328,7 +461,8 @@ def make_cpu_scope(policy: Policy, host: Host, sampler: CpuSampler | None, nicma
         except PolltunedError as e:
             fallbacks.append(f"cgroup of {unit} unavailable: {e.message}")
         else:
-            scope: CpuScope = CgroupCpuScope(host, unit, clock=clock, field=cgroup_field)
+            scope: CpuScope = CgroupCpuScope(host, unit, clock=clock, field=cgroup_field, idle_poll=poll,
+                                             poll_cpus=policy.app_cpus)
             log.info("objective CPU scope: %s", scope.describe())
             return scope
     if sampler is None:
@@ -338,7 +472,8 @@ def make_cpu_scope(policy: Policy, host: Host, sampler: CpuSampler | None, nicma
     dev = policy.nic_device
     nic = (nicmap or {}).get(dev) if dev is not None else None
     if policy.app_cpus or (nic is not None and nic.irqs):
-        scope = CpusCpuScope(sampler, host=host, nic=nic, app_cpus=policy.app_cpus, fallbacks=fallbacks)
+        scope = CpusCpuScope(sampler, host=host, nic=nic, app_cpus=policy.app_cpus, fallbacks=fallbacks,
+                             idle_poll=poll, clock=clock)
         log.info("objective CPU scope: %s", scope.describe())
         return scope
     if dev is None:
@@ -348,6 +483,6 @@ def make_cpu_scope(policy: Policy, host: Host, sampler: CpuSampler | None, nicma
         why = f"nic {dev} is not in the counters' NIC map and the policy sets no app_cpus"
     else:
         why = f"nic {dev} has no queue IRQs ({nic.note or 'none identified'}) and the policy sets no app_cpus"
-    scope = HostCpuScope(sampler, why, fallbacks=fallbacks)
+    scope = HostCpuScope(sampler, why, fallbacks=fallbacks, idle_poll=poll, clock=clock)
     log.warning("objective CPU scope: %s", scope.describe())
     return scope
