@@ -41,7 +41,8 @@ def test_halt_polling_raises_the_scopes_cpu(real_kernel: None) -> None:
     clock = SystemClock()
     sampler = Sampler(host, clock=clock)
     # the bench's layout: a nic inside a namespace, so the scope is the whole host (every CPU)
-    pol = policy_from_dict({"name": "halt", "nic": "ptx-none/veth0", "knobs": {"net.core.busy_poll": {"min": 0, "max": 50}},
+    knobs = {"net.core.busy_poll": {"min": 0, "max": 50}}
+    pol = policy_from_dict({"name": "halt", "nic": "ptx-none/veth0", "knobs": knobs,
                             "probe": {"kind": "command", "argv": ["true"], "regex": "p99=(?P<p99>\\S+)"}})
     scope = make_cpu_scope(pol, host, sampler, sampler.nics, clock=clock)
     original = HALT_POLL.read_text().strip()
