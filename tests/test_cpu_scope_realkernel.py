@@ -28,6 +28,11 @@ HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 LOAD = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end:\n    time.sleep(0.0001)\n"
 
 
+def idle_entries() -> int:
+    """Entries into any cpuidle state on any CPU (the ``usage`` counters), summed."""
+    return sum(int(p.read_text()) for p in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle/state*/usage"))
+
+
 @pytest.mark.realkernel
 @pytest.mark.slow
 @pytest.mark.timeout(240)
@@ -49,6 +54,7 @@ def test_halt_polling_raises_the_scopes_cpu(real_kernel: None) -> None:
     cpu = min(1, (os.cpu_count() or 1) - 1)
     load = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", LOAD.format(s=60)])
     readings: dict[int, list[tuple[float, float]]] = {0: [], 200000: []}
+    entries0 = idle_entries()
     try:
         clock.sleep(0.5)
         for _ in range(3):
@@ -64,6 +70,11 @@ def test_halt_polling_raises_the_scopes_cpu(real_kernel: None) -> None:
         load.kill()
         load.wait(10)
     assert HALT_POLL.read_text().strip() == original
+    if idle_entries() == entries0:
+        # measured on the project's VM (Dec 2026): every cpuidle state's usage stays frozen while
+        # CPUs idle, so the idle loop never reaches cpuidle and guest_halt_poll_ns cannot act
+        pytest.skip("no cpuidle state was entered during the load (usage counters did not move): this "
+                    "machine's idle loop bypasses cpuidle, so halt polling cannot act here")
     off = statistics.median(c for c, _ in readings[0])
     on = statistics.median(c for c, _ in readings[200000])
     poll_off = statistics.median(p for _, p in readings[0])

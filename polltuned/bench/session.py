@@ -139,6 +139,9 @@ class BenchSession:
     knobs: list[str]
     dropped: dict[str, str]
     restored: bool = False
+    #: a recording env like ``env`` for the same world and actuator under another policy (its own
+    #: probe, e.g. the open-loop probe of one load point; closed with the session)
+    make_env: Callable[[Policy], BenchEnv] | None = None
 
 
 @contextlib.contextmanager
@@ -170,6 +173,7 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
     actuator: Any = None
     owner_pid = os.getpid()
     probe: Any = None
+    more_probes: list[Any] = []
     record_fh: IO[str] | None = None
     session: BenchSession | None = None
     with signals_raise():
@@ -197,8 +201,18 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
             env = BenchEnv(host_env(policy, actuator, probe, host, clock), host=host, clock=clock,
                            workload=workload.name, record=record_fh,
                            foreign=lambda: foreign_cpu_seconds(owner_pid))
+
+            def make_env(pol: Policy) -> BenchEnv:
+                p = make_probe(pol.probe, host, clock=clock, runner=runner,
+                               client_cpus=world.client_cpus, server_cpus=world.server_cpus)
+                more_probes.append(p)
+                p.start()
+                return BenchEnv(host_env(pol, actuator, p, host, clock), host=host, clock=clock,
+                                workload=workload.name, record=record_fh,
+                                foreign=lambda: foreign_cpu_seconds(owner_pid))
+
             session = BenchSession(workload=workload, world=world, policy=policy, env=env, actuator=actuator,
-                                   probe=probe, knobs=list(knobs), dropped=dropped)
+                                   probe=probe, knobs=list(knobs), dropped=dropped, make_env=make_env)
             yield session
         finally:
             if os.getpid() != owner_pid:
@@ -216,9 +230,10 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
                     session.restored = restored
                 if record_fh is not None:
                     record_fh.close()
-                if probe is not None:
-                    with contextlib.suppress(PolltunedError, OSError):
-                        probe.close()
+                for pr in [probe, *more_probes]:
+                    if pr is not None:
+                        with contextlib.suppress(PolltunedError, OSError):
+                            pr.close()
                 world.teardown()
 
 

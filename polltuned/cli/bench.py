@@ -37,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "single,shared,single,shared; loads: single, shared)")
     p.add_argument("--phase-s", type=finite_float(5, 86400), metavar="S", default=None,
                    help="--workload mix: seconds per phase (default 160: the whole run takes ~15 minutes)")
+    p.add_argument("--rates", metavar="R,R,...", default=None,
+                   help="load points (memcached, nginx): percentages of the capacity measured first under the "
+                        "defaults (closed loop), e.g. 20%%,60%%,90%%, or requests/s, e.g. 5000,20000; the engine "
+                        "tunes with the open-loop client at each rate; one table block per rate")
     p.add_argument("--policy", metavar="NAME|FILE",
                    help="policy (default: the workload's: bench, bench-nginx or bench-memcached)")
     p.add_argument("--no-seeds", action="store_true", help="remove every 'seeds' entry from the policy")
@@ -111,6 +115,15 @@ def run(args: argparse.Namespace) -> int:
             state_dir=Path(args.state_dir) / "bench", wait_quiet_s=args.wait_quiet)
     elif args.phases is not None or args.phase_s is not None:
         raise UsageError("--phases and --phase-s apply to --workload mix only")
+    rates = None
+    if args.rates is not None:
+        from polltuned.bench.rates import parse_rates
+
+        if mix is not None:
+            raise UsageError("--rates does not apply to --workload mix")
+        if args.report:
+            raise UsageError("--rates: --report draws one run's trials; use --json for every rate's")
+        rates = parse_rates(args.rates)
     fd = -1
     if not args.no_lock:
         fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)
@@ -142,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
             from polltuned.bench.mix import render_mix_table, run_mix
 
             mres = run_mix(mix, host=host, clock=SystemClock(), progress=progress)
+        elif rates is not None:
+            from polltuned.bench.rates import render_rates_table, run_rates
+
+            rres = run_rates(settings, rates, host=host, clock=SystemClock(), progress=progress)
         else:
             res = run_bench(settings, host=host, clock=SystemClock(), progress=progress)
     finally:
@@ -153,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
             progress(render_mix_table(mres))   # the table on stderr, the document on stdout
         print(json.dumps(mres.to_json(), indent=1, default=str) if args.json else render_mix_table(mres))
         return 0 if mres.restored else 1
+    if rates is not None:
+        print(json.dumps(rres.to_json(), indent=1, default=str) if args.json else render_rates_table(rres))
+        return 0 if rres.restored else 1
     if args.json:
         print(json.dumps(res.to_json(), indent=1, default=str))
     else:
