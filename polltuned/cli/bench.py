@@ -124,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
         if args.report:
             raise UsageError("--rates: --report draws one run's trials; use --json for every rate's")
         rates = parse_rates(args.rates)
+        from polltuned.bench.world import get_workload
+
+        if get_workload(args.workload).app == "sockperf":
+            raise UsageError(f"--rates: workload {args.workload} is sockperf ping-pong (closed loop only)",
+                             hint="--rates needs an open-loop client: --workload memcached or nginx")
     fd = -1
     if not args.no_lock:
         fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)
