@@ -165,7 +165,7 @@ def test_daemon_policy_points_the_shipped_policy_at_this_runs_files(tmp_path: Pa
     assert "ptb-s/ptbs:napi_defer_hard_irqs" in pol.knobs and not any("haltpoll" in k for k in pol.knobs)
     assert pol.on_exit == "restore"
     plain = load_policy(str(REPO / "policies" / "bench-mix.toml"), nic="ptb-s/ptbs")
-    assert plain.tuning.budget == 20 and plain.hold.interval_s == 3
+    assert plain.tuning.budget == 16 and plain.hold.interval_s == 3
     assert client_argv(paths, "a", 1, None)[-2:] == ["--duration", "{window_s}"]
 
 
@@ -187,7 +187,9 @@ def test_status_sample_and_exploring() -> None:
     assert s.config == {"net.core.busy_read": 50} and s.role == "challenger" and s.t == 5.0
     assert is_exploring(s)
     assert not is_exploring(StatusSample(0, "HOLD", {}, None))
-    assert not is_exploring(StatusSample(0, "HOLD", {}, "active"))
+    assert not is_exploring(StatusSample(0, "HOLD", {}, "hold"))
+    assert is_exploring(StatusSample(0, "HOLD", {}, "hold"), role="fallback")
+    assert not is_exploring(StatusSample(0, "HOLD", {}, "challenge"), role="hold")
     assert is_exploring(StatusSample(0, "MEASURE", {}, None)) and is_exploring(None)
 
 
@@ -208,6 +210,19 @@ def _timeline() -> tuple[list[PhaseSpan], list[StatusSample], list[ClientWindow]
     samples = [StatusSample(t - 1, ph, dict(cfg)) for _, t, ph, cfg, _ in plan]
     windows = [ClientWindow(t, t + 3, p, spans[p].layout, p99, True) for p, t, _, _, p99 in plan]
     return spans, samples, windows
+
+
+def test_a_windows_role_is_the_one_reported_after_it() -> None:
+    """status.hold.role names the kind of the window the daemon observed last: a challenger window
+    is known as one from the sample after it, not from the one in its middle."""
+    ws = [ClientWindow(10, 13, 0, "single", 20.0, True), ClientWindow(16, 19, 0, "single", 25.0, True),
+          ClientWindow(22, 25, 0, "single", 21.0, True)]
+    samples = [StatusSample(11, "HOLD", dict(BR), "hold"), StatusSample(14, "HOLD", dict(BR), "hold"),
+               StatusSample(17, "HOLD", dict(DEF), "hold"), StatusSample(20, "HOLD", dict(BR), "challenge"),
+               StatusSample(23, "HOLD", dict(BR), "challenge"), StatusSample(26, "HOLD", dict(BR), "hold")]
+    dws = attribute_windows(ws, samples)
+    assert [w.exploring for w in dws] == [False, True, False]
+    assert dws[1].config == DEF
 
 
 def test_timeline_held_exploring_and_switch_delay() -> None:

@@ -87,7 +87,7 @@ LAYOUTS: dict[str, MixLayout] = {
     "shared": MixLayout("shared", 4, (1,), "four sessions, clients on the server's CPU1 (busy polling loses)"),
 }
 DEFAULT_SCHEDULE = ("single", "shared", "single", "shared")
-DEFAULT_PHASE_S = 160.0
+DEFAULT_PHASE_S = 150.0
 #: the small sweep measured beside the arms, for the per-load oracle
 SWEEP: tuple[dict[str, KnobValue], ...] = ({"net.core.busy_read": 50},)
 
@@ -192,13 +192,32 @@ def sample_at(samples: Sequence[StatusSample], t: float) -> StatusSample | None:
     return best if best is not None else (samples[0] if samples else None)
 
 
-def is_exploring(s: StatusSample | None) -> bool:
-    """Pure: a window measured outside HOLD (search, confirmation, re-tune) or by a HOLD challenger."""
+#: what a HOLD window measures, as the daemon's status names it (hold.role: the engine's window
+#: kind of the window it last observed); every other kind is exploration (search, confirmation,
+#: challengers, the fallback check against the originals)
+EXPLOIT_ROLES = ("hold", "active", "deployed")
+
+
+def is_exploring(s: StatusSample | None, role: str | None = None) -> bool:
+    """Pure: a window measured outside HOLD (search, confirmation, re-tune), or in HOLD with a role
+    other than watching the active deployment (challenger, fallback check, region search).
+    ``role`` is the role the daemon reported for this window (after it); None: ``s.role``."""
     if s is None:
         return True
     if s.phase != "HOLD":
         return True
-    return s.role is not None and s.role not in ("active", "hold", "deployed", "exploit")
+    r = role if role is not None else s.role
+    return r is not None and r not in EXPLOIT_ROLES
+
+
+def sample_after(samples: Sequence[StatusSample], t: float, until: float) -> StatusSample | None:
+    """Pure: the first sample taken in [t, until] (None when there is none)."""
+    for s in samples:
+        if t <= s.t <= until:
+            return s
+        if s.t > until:
+            break
+    return None
 
 
 def config_key(cfg: Mapping[str, KnobValue]) -> tuple[tuple[str, str], ...]:
@@ -248,14 +267,19 @@ class PhaseReport:
 
 def attribute_windows(windows: Sequence[ClientWindow], samples: Sequence[StatusSample]) -> list[DaemonWindow]:
     """Pure: each client window (of a known phase) with the daemon's configuration and phase at
-    its midpoint."""
+    its midpoint, and the role the daemon reported for it: the status reports the kind of the
+    window it last observed, so the role is read from the first sample after the window ended
+    (before the next one started)."""
     out: list[DaemonWindow] = []
-    for w in windows:
-        if w.phase is None:
-            continue
+    known = [w for w in windows if w.phase is not None]
+    for i, w in enumerate(known):
         s = sample_at(samples, w.mid)
-        out.append(DaemonWindow(window=w, phase=w.phase, config=dict(s.config) if s is not None else {},
-                                daemon_phase=s.phase if s is not None else "", exploring=is_exploring(s)))
+        nxt = known[i + 1].t0 if i + 1 < len(known) else w.t1 + 5.0
+        after = sample_after(samples, w.t1, nxt)
+        role = after.role if after is not None and after.phase == "HOLD" else None
+        out.append(DaemonWindow(window=w, phase=w.phase if w.phase is not None else 0,
+                                config=dict(s.config) if s is not None else {},
+                                daemon_phase=s.phase if s is not None else "", exploring=is_exploring(s, role)))
     return out
 
 

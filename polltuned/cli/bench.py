@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--workload mix: the loads in order, each for --phase-s (default "
                         "single,shared,single,shared; loads: single, shared)")
     p.add_argument("--phase-s", type=finite_float(5, 86400), metavar="S", default=None,
-                   help="--workload mix: seconds per phase (default 160: the whole run takes ~15 minutes)")
+                   help="--workload mix: seconds per phase (default 150: the whole run takes ~15 minutes)")
     p.add_argument("--rates", metavar="R,R,...", default=None,
                    help="load points (memcached, nginx): percentages of the capacity measured first under the "
                         "defaults (closed loop), e.g. 20%%,60%%,90%%, or requests/s, e.g. 5000,20000; the engine "
