@@ -154,6 +154,8 @@ class Daemon:
     study: Study | None = None
     #: HOLD's verification of the deployed knobs (polltuned.daemon.watch); status shows its last one
     watcher: Watcher | None = None
+    #: fitted policy (JSON) -> the policy as asked for: the study's key (build_daemon)
+    requested: dict[str, Policy] = field(default_factory=dict)
 
     def fit(self, policy: Policy) -> Policy:
         """The policy restricted to what this host and its probe support (one log line per dropped
@@ -161,6 +163,7 @@ class Daemon:
         from polltuned.engine.builder import prepare_policy
 
         pol, self.dropped_knobs = prepare_policy(policy, self.actuator)
+        self.requested[pol.model_dump_json()] = policy
         return pol
 
 
@@ -193,9 +196,13 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
 
     host = FsHost(host_root)
     sd = Path(state_dir)
-    sd.mkdir(parents=True, exist_ok=True)
+    sd.mkdir(mode=0o700, parents=True, exist_ok=True)
     actuator = build_actuator(host, sd, clock, app_cpus=policy.app_cpus)
+    asked = policy
     policy, dropped = prepare_policy(policy, actuator)
+    #: the policy as asked for, by the fitted policy (its JSON): the study is keyed by what the
+    #: policy asks for, not by what this host offers today (polltuned.study.base.fingerprint)
+    requested: dict[str, Policy] = {policy.model_dump_json(): asked}
     counters = CountersView(host, clock, policy.nic_device)
     windows = WindowCounts()
     env: TrialEnv = CountingEnv(build_env(policy, host, actuator, clock, counters), windows)
@@ -211,7 +218,10 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
         rounds["n"] += 1
         if daemon.study is not None:
             daemon.study.close()
-        daemon.study = open_for_host(study, sd, pol, host, clock=clock)
+        daemon.study = open_for_host(study, sd, daemon.requested.get(key, pol), host, clock=clock)
+        if daemon.dropped_knobs:
+            log.info("study %s kept for the policy as written; not tuned here: %s", daemon.study.fingerprint,
+                     ", ".join(sorted(daemon.dropped_knobs)))
         # the first round of a run may re-apply a confirmed deployment instead of searching again
         return build_engine(pol, built[key], daemon.study, clock,
                             host_fingerprint=host_fingerprint(host, pol.nic), resume=rounds["n"] == 1,
@@ -223,7 +233,8 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
     controller = Controller(policy=policy, actuator=actuator, env=env, make_engine=make_engine, clock=clock,
                             meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds,
                             watcher=watcher)
-    daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped, windows, watcher=watcher)
+    daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped, windows, watcher=watcher,
+                    requested=requested)
     return daemon
 
 

@@ -51,12 +51,37 @@ class StoreUnavailable(PolltunedError):
 
 
 def fingerprint(policy: Policy) -> str:
+    """The study's key: what the policy asks for (knobs, objective, probe), not what this host
+    offers today. Pass the policy as loaded, before knobs the host lacks are dropped or narrowed
+    (issue 16: a vanished device or a kernel without one knob must not start a new, empty study);
+    the NIC's name is folded back into ``{nic}``, so a renamed NIC keeps its study."""
+    nic = policy.nic
+
+    def generic(text: str) -> str:
+        return "{nic}" + text[len(nic):] if nic and text.startswith(nic + ":") else text
+
     data = {
-        "knobs": {k: v.model_dump(mode="json") for k, v in sorted(policy.knobs.items())},
+        "knobs": {generic(k): {**v.model_dump(mode="json"),
+                               **({"requires_nonzero": [generic(d) for d in v.requires_nonzero]}
+                                  if v.requires_nonzero else {})}
+                  for k, v in sorted(policy.knobs.items())},
         "objective": policy.objective.model_dump(mode="json"),
         "probe": policy.probe.model_dump(mode="json"),
     }
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _applies(config: Mapping[str, KnobValue], session_baseline: Mapping[str, KnobValue],
+             want: Mapping[str, str]) -> dict[str, KnobValue] | None:
+    """A window of an earlier session on today's knob set ``want`` (key -> baseline as text): the
+    knobs no longer tuned here (a vanished device, a dropped knob) must have sat at that session's
+    baseline, and every knob tuned today must have been set; None when the window does not apply
+    (issue 16: a changed knob set keeps the windows that still apply)."""
+    if any(k not in config for k in want):
+        return None
+    if any(str(v) != str(session_baseline.get(k)) for k, v in config.items() if k not in want):
+        return None
+    return {k: config[k] for k in want}
 
 
 def base_key(baseline: Mapping[str, KnobValue]) -> str:
@@ -190,7 +215,9 @@ class Study:
             for w in s.windows:
                 if shareable(w):
                     assert w.y is not None
-                    out.append((w.config, w.y))
+                    cfg = w.config if baseline is None else _applies(w.config, s.baseline, want)
+                    if cfg is not None:
+                        out.append((cfg, w.y))
         return out
 
     def histogram_of(self, config: Mapping[str, KnobValue], *, phases: tuple[str, ...] = ("confirm", "resume"),

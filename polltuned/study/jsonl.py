@@ -94,7 +94,7 @@ class JsonlStudy(Study):
         if self.path is None:
             self._mem.append(line)
             return
-        with open(self.path, "a", encoding="utf-8") as fh:
+        with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
             fh.flush()
             os.fsync(fh.fileno())

@@ -29,8 +29,14 @@ BACKENDS = ("sqlite", "jsonl", "postgresql")
 
 
 def studies_dir(state_dir: str | os.PathLike[str]) -> Path:
+    """STATE_DIR/studies, 0700 like the journal's directory (issue 16: the study database and its
+    directory were 0644/0755 while the journal is 0600); an existing one loses group/other access
+    beyond 0750 (group polltuned may read the status, never write)."""
     d = Path(state_dir) / "studies"
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = d.stat().st_mode & 0o777
+    if mode & 0o027:
+        d.chmod(mode & 0o750)
     return d
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,6 +34,18 @@ log = logging.getLogger("polltuned.study")
 DB_NAME = "studies.sqlite3"
 
 
+def _private(path: Path) -> None:
+    """The database (and its -wal/-shm files, which SQLite creates with the database's mode) 0600,
+    like the journal: created so, and tightened when an older polltuned left it 0644."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if p.exists() and p.stat().st_mode & 0o077:
+                p.chmod(0o600)
+    except OSError:
+        pass  # sqlite3.connect reports what is wrong with the path
+
+
 class SqliteStudy(SqlStudy):
     backend = "sqlite"
 
@@ -41,6 +54,7 @@ class SqliteStudy(SqlStudy):
                  import_jsonl: Path | None = None) -> None:
         super().__init__(fp, class_key=class_key, host_id=host_id, shared=shared, clock=clock, rules=rules)
         self.path = path
+        _private(path)
         try:
             self._conn = sqlite3.connect(str(path), isolation_level=None, timeout=30.0, check_same_thread=False)
             self._conn.execute("PRAGMA journal_mode=WAL")
