@@ -144,3 +144,38 @@ def test_the_host_env_keeps_the_probes_histogram_when_it_adds_cpu() -> None:
     env = HostEnv(load_policy("sim-default"), act_stub(), HistProbe(), clock=FakeClock(), cpu_scope=FakeScope(0.5))
     w = env.measure(0)
     assert w.cpu_cores == 0.5 and w.histogram == text and w.context == {"rate": 2.0}
+
+
+def test_the_engine_stores_every_windows_histogram_and_the_deployment_p99_is_recomputed() -> None:
+    from dataclasses import replace
+
+    from polltuned.study import Study
+    from polltuned.worlds.env import ScenarioEnv
+    from polltuned.worlds.scenario import load_scenario
+    from tests.engine_run import engine_for, events
+
+    class HistEnv(ScenarioEnv):
+        """The simulated world, each window with a 100-request histogram whose p99 is its p99."""
+
+        def measure(self, window_index: int) -> Window:
+            w = super().measure(window_index)
+            if not w.ok:
+                return w
+            p99_ns = int(w.latency["p99"] * 1e3)
+            return replace(w, histogram=LatencyHistogram.of_ns([p99_ns // 2] * 98 + [p99_ns] * 2).encode())
+
+    p = load_policy("sim-default")
+    p = p.model_copy(update={"tuning": p.tuning.model_copy(update={"budget": 14})})
+    env = HistEnv(p, load_scenario("busypoll_split"), seed=0)
+    store = Study.memory(p)
+    eng = engine_for(p, env, store)
+    list(events(eng, env))
+    r = eng.result
+    assert r is not None
+    ws = store.sessions()[-1].windows
+    measured = [w for w in ws if w.status in ("ok", "infeasible", "aborted")]
+    assert measured and all(w.histogram is not None for w in measured)
+    confirm = [w for w in measured if w.phase == "confirm" and
+               all(str(w.config.get(k)) == str(v) for k, v in r.deployed.items())]
+    h = store.histogram_of(r.deployed)
+    assert confirm and h is not None and h.count == 100 * len(confirm)
