@@ -77,14 +77,16 @@ def world(real_kernel: None) -> Iterator[World]:
         # ip netns exec and taskset exec memcached: the Popen pid is memcached's (SIGSTOP reaches it)
         mc = subprocess.Popen(["ip", "netns", "exec", NS_S, *RT, "taskset", "-c", "1", "memcached", "-u", "nobody",
                                "-l", ADDR_S, "-p", str(PORT), "-U", "0", "-t", "1", "-c", "1024", "-m", "64"])
-        for _ in range(50):
+        for _ in range(150):
             r = subprocess.run(["ip", "netns", "exec", NS_S, "ss", "-Hltn", "sport", "=", f":{PORT}"],
                                capture_output=True, text=True)
             if "LISTEN" in r.stdout:
                 break
+            if mc.poll() is not None:
+                pytest.fail(f"memcached exited with {mc.returncode}")
             time.sleep(0.1)
         else:
-            pytest.fail("memcached did not listen within 5 s")
+            pytest.fail("memcached did not listen within 15 s")
         yield World(mc)
     finally:
         if mc is not None:
