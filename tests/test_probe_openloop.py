@@ -179,3 +179,21 @@ def test_the_engine_stores_every_windows_histogram_and_the_deployment_p99_is_rec
                all(str(w.config.get(k)) == str(v) for k, v in r.deployed.items())]
     h = store.histogram_of(r.deployed)
     assert confirm and h is not None and h.count == 100 * len(confirm)
+
+
+def test_the_bench_comparison_reports_an_arms_merged_p99() -> None:
+    from polltuned.bench.comparison import summarise_arm
+
+    rng = random.Random(4)
+    # one window with a slow tail among quick ones: the median of per-window p99s hides it
+    groups = [[int(rng.lognormvariate(10, 0.3)) for _ in range(1000)] for _ in range(4)]
+    groups[2] += [5_000_000] * 60
+    ws = [statistics_to_window({"p99": 1.0}, 2.0, LatencyHistogram.of_ns(g).encode()) for g in groups]
+    obj = Objective(statistic="p99", combine="latency")
+    arm = summarise_arm("deployed", {}, ws, obj)
+    merged = arm_latency(ws, "p99")
+    assert merged is not None and arm.p99 == merged and arm.p99 > 1000      # the tail is 1.5 % of the arm
+    median = sorted(w.latency["p99"] for w in ws)[1:3]
+    assert max(median) < 100
+    plain = summarise_arm("default", {}, [Window(ok=True, latency={"p99": v}) for v in (10.0, 30.0, 20.0)], obj)
+    assert plain.p99 == 20.0                                                 # no histograms: the median

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from polltuned.engine.env import TrialEnv
-from polltuned.objective import score
+from polltuned.objective import arm_latency, score
 from polltuned.policy.schema import Objective
 from polltuned.records import Config, KnobValue, Window
 from polltuned.stats import geo_mean, log_ci, nonneg_ci, paired_log_ratios, ratio_ci, rel_halfwidth
@@ -124,12 +124,18 @@ class ArmSummary:
 def summarise_arm(name: str, config: Mapping[str, KnobValue], windows: Sequence[Window],
                   objective: Objective, baseline: Sequence[Window] | None = None,
                   level: float = 0.95) -> ArmSummary:
-    """Pure: medians of the per-window latency statistics, mean CPU, geometric-mean J with its
+    """Pure: the arm's latency statistics (from its merged histograms where every window has one,
+    else medians of the per-window statistics), mean CPU, geometric-mean J with its
     log-scale CI, and (with ``baseline``, the default arm's windows of the same rounds) the paired
     ratio to it."""
     ok = [w for w in windows if w.ok]
 
     def med(stat: str) -> float:
+        # windows with latency histograms: the statistic of all the arm's requests together (their
+        # histograms added; polltuned.objective.arm_latency), else the median of the per-window ones
+        merged = arm_latency(ok, stat)
+        if merged is not None:
+            return merged
         xs = [v for w in ok if (v := w.stat(stat)) is not None]
         return statistics.median(xs) if xs else math.nan
 
