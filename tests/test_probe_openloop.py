@@ -197,3 +197,22 @@ def test_the_bench_comparison_reports_an_arms_merged_p99() -> None:
     assert max(median) < 100
     plain = summarise_arm("default", {}, [Window(ok=True, latency={"p99": v}) for v in (10.0, 30.0, 20.0)], obj)
     assert plain.p99 == 20.0                                                 # no histograms: the median
+
+
+def test_a_recorded_open_loop_kvclient_run_through_the_shipped_policy() -> None:
+    """tests/fixtures/bench/kvclient_open.json: a real ``kvclient --rate 10000`` run (memcached 1.6.18,
+    loopback, a loaded VM) read by bench-memcached's probe made open-loop."""
+    from pathlib import Path
+
+    from polltuned.probes.command import extract_statistics
+
+    text = (Path(__file__).parent / "fixtures" / "bench" / "kvclient_open.json").read_text()
+    doc = json.loads(text)
+    base = load_policy("bench-memcached", nic="ptb-s/ptbs").probe
+    assert isinstance(base, Cfg)
+    cfg = open_loop(base, 10000.0)
+    w = statistics_to_window(extract_statistics(cfg, text), 1.0, extract_histogram(cfg, text))
+    assert w.histogram is not None and w.observations == doc["requests"] == doc["offered"] == 10000
+    for k in ("p50", "p99", "p999"):       # the client's exact percentiles, within the histogram's resolution
+        assert doc["latency_us"][k] <= w.latency[k] <= doc["latency_us"][k] * (1 + RESOLUTION) + 1e-3
+    assert w.throughput_pps == doc["achieved_rps"]
