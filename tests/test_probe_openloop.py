@@ -216,3 +216,5 @@ def test_a_recorded_open_loop_kvclient_run_through_the_shipped_policy() -> None:
     for k in ("p50", "p99", "p999"):       # the client's exact percentiles, within the histogram's resolution
         assert doc["latency_us"][k] <= w.latency[k] <= doc["latency_us"][k] * (1 + RESOLUTION) + 1e-3
     assert w.throughput_pps == doc["achieved_rps"]
+    assert w.extra["behind_schedule"] == doc["behind_schedule"] > 0                # a loaded VM: it fell behind
+    assert w.extra["send_lag_p99_us"] == doc["send_lag_us"]["p99"]

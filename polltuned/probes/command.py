@@ -228,11 +228,20 @@ def expand_argv(argv: Sequence[str], *, window_s: float, python: str, rate: floa
 def open_loop(cfg: CommandConfig, rate: float, arrivals: str = "poisson") -> CommandConfig:
     """``cfg`` sending open-loop at ``rate`` requests/s: its ``rate``/``arrivals`` set, and
     ``--rate {rate} --arrivals {arrivals}`` appended to argv when it has no ``{rate}`` yet (the
-    shipped kvclient/httpclient take these flags). Validated like a policy's probe."""
+    shipped kvclient/httpclient take these flags; then a JSON statistic_map also reads their
+    ``behind_schedule`` and ``send_lag_us.p99`` into Window.extra). Validated like a policy's probe."""
     argv = list(cfg.argv)
-    if not any("{rate}" in a for a in argv):
+    added = not any("{rate}" in a for a in argv)
+    if added:
         argv += ["--rate", "{rate}", "--arrivals", "{arrivals}"]
-    return CommandConfig.model_validate({**cfg.model_dump(), "argv": argv, "rate": rate, "arrivals": arrivals})
+    smap = dict(cfg.statistic_map)
+    if added and smap and not cfg.regex:
+        # the shipped clients' open-loop health, in Window.extra: requests sent > 1 ms late (the
+        # client could not keep the schedule: its latencies then include its own backlog)
+        smap.setdefault("behind_schedule", "$.behind_schedule")
+        smap.setdefault("send_lag_p99_us", "$.send_lag_us.p99")
+    return CommandConfig.model_validate({**cfg.model_dump(), "argv": argv, "rate": rate, "arrivals": arrivals,
+                                         "statistic_map": smap})
 
 
 class CommandProbe:
