@@ -584,6 +584,9 @@ def render_mix_table(res: MixResult) -> str:
                      _fmt(c.default.p99), _fmt(c.static.p99), _fmt(c.first.p99), _fmt(fo.p99 if fo else None),
                      _fmt(c.oracle.p99), c.oracle_label))
     lines += _table(rows)
+    fc = [a.foreign for v in res.per_layout.values() for a in v.values() if math.isfinite(a.foreign)]
+    lines.append(f"foreign CPU during the comparison: mean {_fmt(statistics.fmean(fc) if fc else None, 2)}, "
+                 f"max {_fmt(max(fc) if fc else None, 2)} cores (other processes; latency is disturbed above ~0.1)")
     lines.append("configurations: " + "; ".join(f"{res.label_of(cid)} = {_diff(cfg, res.defaults)}"
                                                 for cid, cfg in res.arms.configs.items()))
     best = min(res.singles.items(), key=lambda kv: kv[1] if math.isfinite(kv[1]) else math.inf, default=None)
