@@ -68,7 +68,7 @@ from polltuned.policy.loader import load_policy  # noqa: E402
 from polltuned.policy.schema import Policy  # noqa: E402
 from polltuned.records import KnobValue  # noqa: E402
 from polltuned.stats import percentile  # noqa: E402
-from polltuned.study import SessionLog, Study, StudyInfo, fingerprint  # noqa: E402
+from polltuned.study import SessionLog, Study, StudyInfo, fingerprint, open_local  # noqa: E402
 from polltuned.study.config import StudyConfig  # noqa: E402
 from polltuned.study.select import open_study  # noqa: E402
 from polltuned.study.sql import ClassRules  # noqa: E402
@@ -242,7 +242,7 @@ def open_host_store(spec: HostSpec, run: RunSpec) -> Study:
     p = run.policy
     local_dir = Path(run.workdir) / f"{spec.mode}-{spec.index}"
     if spec.mode == "alone":
-        return Study.open(local_dir, p)
+        return open_local(local_dir, p)
     if run.store == "postgresql":
         cfg = StudyConfig(backend="postgresql", dsn=run.dsn, pending_timeout_s=run.pending_timeout_s)
         return open_study(cfg, local_dir, p, class_fp="bench", host_id=f"host-{spec.index}", clock=SystemClock())

@@ -77,7 +77,7 @@ from polltuned.policy.loader import load_policy  # noqa: E402
 from polltuned.policy.schema import Policy  # noqa: E402
 from polltuned.records import KnobValue  # noqa: E402
 from polltuned.stats import percentile  # noqa: E402
-from polltuned.study import Study  # noqa: E402
+from polltuned.study import memory_study  # noqa: E402
 from polltuned.worlds.env import ScenarioEnv, default_config  # noqa: E402
 from polltuned.worlds.family import make_landscape, parse_name  # noqa: E402
 from polltuned.worlds.scenario import Scenario, load_scenario, shipped_dir  # noqa: E402
@@ -140,7 +140,7 @@ def run_one(sc_path: str, pol: Policy, method: str, seed: int, budget: int) -> d
     space = Space.from_policy(p)
     opt = make_optimiser(METHODS[method] or "", space, base, seed=seed, initial_points=p.tuning.initial_points,
                          safety_limit=math.log(1 + p.guard.max_regression))
-    t = Engine(p, Study.memory(p), current=env.current(), clock=FakeClock(), optimiser=opt)
+    t = Engine(p, memory_study(p), current=env.current(), clock=FakeClock(), optimiser=opt)
     r = drive(t, env)
     assert r is not None
     search = [{**base, **c} for kind, c in t.trace.windows if kind in SEARCH_KINDS]

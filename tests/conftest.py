@@ -100,7 +100,7 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """``make(policy, host_id="host-a", clock=None, rules=None)`` -> a Study of the parametrised
     backend; calling it again opens the same store anew (a restart). ``postgresql`` is the shared
     database alone, ``fleet`` the daemon's store for it (local SQLite + the database)."""
-    from polltuned.study import Study
+    from polltuned.study import Study, open_local
     from polltuned.study.config import StudyConfig
     from polltuned.study.select import open_study
 
@@ -109,7 +109,7 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
     def make(policy: Any, host_id: str = "host-a", clock: Any = None, rules: Any = None) -> Study:
         if kind in ("jsonl", "sqlite"):
-            return Study.open(tmp_path / host_id, policy, backend=kind)
+            return open_local(tmp_path / host_id, policy, backend=kind)
         if kind == "postgresql":
             from polltuned.host.pgsql import connect_postgres
             from polltuned.study import fingerprint

@@ -1,5 +1,5 @@
 """Kernel compatibility matrix: fake trees of 5.14 (RHEL 9), 6.1 (Debian 12), 6.6, 6.12 (Debian 13) and
-6.18 (this VM), every shipped policy fitted to each (polltuned.knobs.compat), `polltuned check` on each,
+6.18 (this VM), every shipped policy fitted to each (polltuned.engine.compat), `polltuned check` on each,
 and a simulated `polltuned run --max-rounds 1` of every shipped policy on each tree."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from polltuned.cli.main import main
 from polltuned.clock import FakeClock
 from polltuned.counters.sampler import Sampler
 from polltuned.daemon.render import render_status
+from polltuned.engine.compat import detect, fit_knob
 from polltuned.errors import HostError, KnobUnsupported
 from polltuned.host.fs import FsHost
 from polltuned.host.netdev_genl import FileNetdev
-from polltuned.knobs.compat import detect, fit_knob
 from polltuned.knobs.irq import IrqAffinityKnob
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.policy.loader import load_policy, policy_from_dict

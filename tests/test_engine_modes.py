@@ -22,7 +22,7 @@ from polltuned.policy.loader import load_policy, policy_from_dict
 from polltuned.policy.schema import Policy
 from polltuned.probes.factory import probe_opens_fresh_sockets
 from polltuned.probes.sim import make_fake_host_tree
-from polltuned.study import Study
+from polltuned.study import Study, memory_study, open_local
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
 from tests.engine_run import engine_for
@@ -40,7 +40,7 @@ def policy(**tuning: object) -> Policy:
 def test_observe_measures_the_baseline_and_writes_nothing() -> None:
     p = policy(budget=20).model_copy(update={"mode": "observe"})
     env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=0)
-    t = engine_for(p, env, Study.memory(p))
+    t = engine_for(p, env, memory_study(p))
     events = list(steps(t, env))
     r = t.result
     assert r is not None and r.mode == "observe"
@@ -53,7 +53,7 @@ def test_observe_measures_the_baseline_and_writes_nothing() -> None:
 
 # ---------------------------------------------------------------- resume at boot
 def _deploying_session(tmp_path: Path, p: Policy, host: str) -> Study:
-    study = Study.open(tmp_path, p)
+    study = open_local(tmp_path, p)
     env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=0)
     t = engine_for(p, env, study, host_fingerprint=host)
     drive(t, env)
@@ -66,7 +66,7 @@ def test_resume_reapplies_the_confirmed_configuration_first(tmp_path: Path) -> N
     study = _deploying_session(tmp_path, p, "host-a")
     deployed = study.sessions()[-1].result["deployed"]  # type: ignore[index]
     env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=1)
-    t = engine_for(p, env, Study.open(tmp_path, p), host_fingerprint="host-a", resume=True)
+    t = engine_for(p, env, open_local(tmp_path, p), host_fingerprint="host-a", resume=True)
     events = list(steps(t, env))
     r = t.result
     assert r is not None and r.mode == "resume", r.reason
@@ -80,7 +80,7 @@ def test_resume_needs_the_same_host_fingerprint(tmp_path: Path) -> None:
     p = policy(budget=12)
     _deploying_session(tmp_path, p, "host-a")
     env = ScenarioEnv(p, load_scenario("busypoll_split"), seed=1)
-    t = engine_for(p, env, Study.open(tmp_path, p), host_fingerprint="host-b", resume=True)
+    t = engine_for(p, env, open_local(tmp_path, p), host_fingerprint="host-b", resume=True)
     drive(t, env)
     assert t.result is not None and t.result.mode == "search"
 
@@ -90,7 +90,7 @@ def test_resume_searches_again_when_the_configuration_no_longer_helps(tmp_path: 
     _deploying_session(tmp_path, p, "host-a")
     # the workload changed: busy polling now hurts (client and server share a CPU)
     env = ScenarioEnv(p, load_scenario("busypoll_shared"), seed=1)
-    t = engine_for(p, env, Study.open(tmp_path, p), host_fingerprint="host-a", resume=True)
+    t = engine_for(p, env, open_local(tmp_path, p), host_fingerprint="host-a", resume=True)
     events = list(steps(t, env))
     assert t.result is not None and t.result.mode == "search"
     assert any(e.phase is Phase.RESUME and "searching again" in e.message for e in events)
@@ -190,7 +190,7 @@ def test_trials_are_told_relative_to_the_baseline_of_their_time() -> None:
     w = Drifting()
     sc = Scenario("drifting", REPO, "", w.measure, w.expected, True)
     env = ScenarioEnv(p, sc, seed=0)
-    t = engine_for(p, env, Study.memory(p))
+    t = engine_for(p, env, memory_study(p))
     drive(t, env)
     st = t.state
     told = [t._told(st, o) for o in st.obs if not o.reference and o.config.get("kernel.timer_migration") == 0

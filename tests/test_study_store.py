@@ -302,7 +302,7 @@ def test_database_failing_mid_session_drops_to_the_local_store(tmp_path: Path,
 # ---------------------------------------------------------------- JSON lines -> SQLite, config, identity
 def test_a_jsonl_study_is_imported_once_and_left_unchanged(tmp_path: Path) -> None:
     p = pol()
-    old = Study.open(tmp_path, p, backend="jsonl")
+    old = open_local(tmp_path, p, backend="jsonl")
     assert isinstance(old, JsonlStudy) and old.path is not None
     session(old, "legacy")
     window(old, "legacy", 0, BASE, phase="baseline", y=0.0)
@@ -311,12 +311,12 @@ def test_a_jsonl_study_is_imported_once_and_left_unchanged(tmp_path: Path) -> No
     with open(old.path, "a", encoding="utf-8") as fh:
         fh.write('{"v": 1, "kind": "wind')                      # a torn tail from a crash
     before = old.path.read_bytes()
-    new = Study.open(tmp_path, p)
+    new = open_local(tmp_path, p)
     assert isinstance(new, SqliteStudy)
     assert [(s.session, len(s.windows), s.ended) for s in new.sessions()] == [("legacy", 2, True)]
     session(new, "fresh")
     new.close()
-    again = Study.open(tmp_path, p)                              # not imported twice
+    again = open_local(tmp_path, p)                              # not imported twice
     assert [(s.session, len(s.windows)) for s in again.sessions()] == [("legacy", 2), ("fresh", 0)]
     assert old.path.read_bytes() == before
     assert again.prior_observations(BASE) == [(BASE, 0.0), ({**BASE, "net.core.busy_read": 50}, -0.4)]
@@ -406,7 +406,7 @@ def test_status_and_history_lines_show_store_class_and_hosts(tmp_path: Path, cap
     # history: the store of the config's [study] section, with the class and the sessions
     p = pol()
     state = tmp_path / "state"
-    st = Study.open(state, p)
+    st = open_local(state, p)
     session(st, "s1")
     window(st, "s1", 0, BASE, phase="baseline", y=0.0)
     st.close()
@@ -527,7 +527,7 @@ def test_a_corrupt_sqlite_file_is_a_typed_error(tmp_path: Path) -> None:
     (tmp_path / "studies").mkdir()
     (tmp_path / "studies" / DB_NAME).write_bytes(b"this is not a database" * 100)
     with pytest.raises(JournalError, match="not a readable study database"):
-        Study.open(tmp_path, pol())
+        open_local(tmp_path, pol())
     # and a newer schema is refused rather than misread
     good = tmp_path / "g.sqlite3"
     SqliteStudy(good, "f").close()
@@ -592,7 +592,7 @@ def test_window_histograms_are_kept_and_a_deployment_p99_recomputed(store_factor
 
 
 def test_an_sqlite_study_without_the_histogram_table_stays_readable(tmp_path: Path) -> None:
-    st = Study.open(tmp_path, pol(), backend="sqlite")
+    st = open_local(tmp_path, pol(), backend="sqlite")
     session(st, "s1")
     window(st, "s1", 0, BASE, phase="baseline", y=0.01)
     st.close()
@@ -601,7 +601,7 @@ def test_an_sqlite_study_without_the_histogram_table_stays_readable(tmp_path: Pa
     con.execute("DROP TABLE pt_histogram")   # as a study written before the table existed
     con.commit()
     con.close()
-    again = Study.open(tmp_path, pol(), backend="sqlite")
+    again = open_local(tmp_path, pol(), backend="sqlite")
     assert [(w.index, w.histogram) for w in again.sessions()[0].windows] == [(0, None)]
     window(again, "s1", 1, BASE, y=-0.1)
     assert len(again.sessions()[0].windows) == 2

@@ -12,7 +12,7 @@ from polltuned.optimiser import make_optimiser
 from polltuned.optimiser.space import Space
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
-from polltuned.study import Study
+from polltuned.study import Study, memory_study
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
 from tests.engine_run import engine_for
@@ -31,7 +31,7 @@ def run(p: Policy, scenario: str, *, seed: int = 0, optimiser: str | None = None
     opt = None
     if optimiser is not None:
         opt = make_optimiser(optimiser, Space.from_policy(p), env.current(), seed=seed)
-    t = engine_for(p, env, study or Study.memory(p), optimiser=opt)
+    t = engine_for(p, env, study or memory_study(p), optimiser=opt)
     events = list(steps(t, env))
     assert events[-1].phase == "DONE"
     assert all(e.to_json()["phase"] == e.phase for e in events)
@@ -86,7 +86,7 @@ def test_failed_windows_are_recorded_failed_and_never_told() -> None:
     sc = load_scenario("busypoll_split")
     env = ScenarioEnv(p, sc, seed=0, fail_windows=[2, 3])
     opt = make_optimiser("random", Space.from_policy(p), env.current(), seed=0)
-    t = engine_for(p, env, Study.memory(p), optimiser=opt)
+    t = engine_for(p, env, memory_study(p), optimiser=opt)
     drive(t, env)
     r = t.result
     assert r is not None
@@ -101,7 +101,7 @@ def test_apply_failure_is_a_failed_trial_not_a_crash() -> None:
     p = policy(budget=8)
     sc = load_scenario("busypoll_split")
     env = ScenarioEnv(p, sc, seed=0, fail_apply=[{"kernel.timer_migration": 0}])
-    t = engine_for(p, env, Study.memory(p))
+    t = engine_for(p, env, memory_study(p))
     drive(t, env)
     r = t.result
     assert r is not None
@@ -112,7 +112,7 @@ def test_request_stop_restores_the_baseline() -> None:
     p = policy(budget=20)
     sc = load_scenario("busypoll_split")
     env = ScenarioEnv(p, sc, seed=0)
-    t = engine_for(p, env, Study.memory(p))
+    t = engine_for(p, env, memory_study(p))
     for ev in steps(t, env):
         if ev.phase == "SCORE" and ev.trial == 2:
             t.request_stop()

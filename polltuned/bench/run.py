@@ -23,7 +23,7 @@ from polltuned.host.fs import Host
 from polltuned.objective import score
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
-from polltuned.study import Study
+from polltuned.study import memory_study
 
 
 def _window_line(w: Window) -> str:
@@ -41,7 +41,7 @@ def tune_and_compare(sess: BenchSession, env: BenchEnv, policy: Policy, defaults
     final comparison of default / static / deployed (/ oracle) under ``policy``'s probe."""
     rule = settings.stop_rule()
     t_start = clock.monotonic()
-    engine = build_engine(policy, env, Study.memory(policy), clock, dropped=sess.dropped)
+    engine = build_engine(policy, env, memory_study(policy), clock, dropped=sess.dropped)
 
     def show(ev: Event) -> None:
         if ev.phase in ("MEASURE", "CONFIRM", "SCORE", "DONE", "ROLLBACK", "APPLY"):

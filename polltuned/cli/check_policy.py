@@ -1,6 +1,6 @@
 """``polltuned check POLICY``: can this policy run on this host, as written?
 
-1. Knobs: :func:`polltuned.knobs.compat.detect`, exactly what the daemon does at start — the knobs
+1. Knobs: :func:`polltuned.engine.compat.detect`, exactly what the daemon does at start — the knobs
    tuned here, those dropped (with the reason: absent on this kernel, read-only, ...) and those whose
    range or values were narrowed to what this kernel accepts.
 2. What the objective needs from each window (statistic, CPU, throughput, drops) and whether the
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from polltuned.cli._knobs_common import app_cpus
+from polltuned.engine.compat import APP_STRATEGIES, Compat
 from polltuned.errors import ExitCode, HostError, PermissionNeeded, PolltunedError, ProbeError, UsageError
 from polltuned.host.fs import Host
-from polltuned.knobs.compat import APP_STRATEGIES, Compat
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.metrics.cpu_scope import CpuScope, IdlePoll, make_cpu_scope
 from polltuned.metrics.window import NicRates

@@ -122,7 +122,7 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
     from polltuned.host.fs import FsHost
     from polltuned.policy.schema import SimProbe as SimProbeConfig
     from polltuned.probes.sim import SimProbe, make_fake_host_tree
-    from polltuned.study import Study
+    from polltuned.study import open_local
 
     clk = clock
     make_fake_host_tree(host_root, pol.knobs)
@@ -141,7 +141,7 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
         if progress is not None:
             print(f"knob {key} dropped: {why}", file=progress)
     env = build_env(pol, actuator, probe, clk)
-    engine = build_engine(pol, env, Study.open(state_dir, pol), clk, dropped=dropped)
+    engine = build_engine(pol, env, open_local(state_dir, pol), clk, dropped=dropped)
     events: list[dict[str, object]] = []
 
     def on_event(ev: Event) -> None:

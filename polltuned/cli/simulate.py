@@ -3,7 +3,7 @@
 The policy keeps its knobs, objective, tuning, guard, confirmation and hold settings; only its probe
 is replaced by the sim probe of SCENARIO (a shipped scenario name or a .py file, see
 ``polltuned sim --list``), which reads the knob values the daemon applied back from the tree. Knobs
-are fitted to the tree exactly as on a real host (``polltuned.knobs.compat``), so a fake tree of an
+are fitted to the tree exactly as on a real host (``polltuned.engine.compat``), so a fake tree of an
 older kernel shows what the daemon would drop there.
 
 Never the real kernel: ``--host-root`` must name a fake /proc + /sys tree; without it a temporary

@@ -2,8 +2,8 @@
 ``next_action() -> Apply | Measure | Done``, ``observe(window)``), the actions and typed kinds
 (polltuned.engine.actions), the one driver loop (polltuned.engine.driver.drive), the world it talks
 to (polltuned.engine.env), the reference series that measures through drift
-(polltuned.engine.reference), and the one builder the daemon, ``sim`` and ``bench`` use
-(polltuned.engine.builder)."""
+(polltuned.engine.reference), the fitting of a policy to the host (polltuned.engine.compat), and
+the one builder the daemon, ``sim`` and ``bench`` use (polltuned.engine.builder)."""
 
 from polltuned.engine.phases import Event, EventKind, Phase, WindowKind
 from polltuned.engine.session import TrialRecord, TuningResult

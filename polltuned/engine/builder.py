@@ -10,7 +10,7 @@ through these functions, so they tune the same engine over the same parts.
 that only acts on sockets created afterwards (``net.core.busy_read``) is dropped, with its reason,
 when the probe measures long-lived sockets it cannot re-create (tcp_rtt on established
 connections, a Prometheus histogram of a running server, a command that does not declare
-``fresh_sockets``); so is a knob this host does not have (polltuned.knobs.compat).
+``fresh_sockets``); so is a knob this host does not have (polltuned.engine.compat).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from polltuned.clock import Clock
+from polltuned.engine.compat import Compat, KnobSource, detect, log_compat
 from polltuned.engine.core import Engine
 from polltuned.engine.env import CpuScopeLike, HostEnv, TrialEnv
 from polltuned.errors import KnobUnsupported
-from polltuned.knobs.compat import Compat, KnobSource, detect, log_compat
 from polltuned.knobs.keys import Effect
 from polltuned.optimiser import Optimiser
 from polltuned.policy.schema import Policy
@@ -67,7 +67,7 @@ class FittedPolicy:
     policy: Policy
     #: knob -> why it is not tuned (the probe cannot see it, or the host lacks it)
     dropped: dict[str, str]
-    #: the host check (polltuned.knobs.compat); None when no host was given
+    #: the host check (polltuned.engine.compat); None when no host was given
     compat: Compat | None
 
 
@@ -76,7 +76,7 @@ def fit_policy(policy: Policy, source: KnobSource | None = None, *,
     """The one policy fitting (daemon, reloads, ``sim``, ``check`` and the bench): knobs the probe
     cannot see dropped (:func:`inert_knobs`), then, with ``source`` (a KnobRegistry or the Actuator
     carrying one), knobs this host lacks dropped and refused values or out-of-domain ranges
-    narrowed (polltuned.knobs.compat). One log line per dropped knob on ``logger`` (None: silent).
+    narrowed (polltuned.engine.compat). One log line per dropped knob on ``logger`` (None: silent).
     Raises KnobUnsupported (exit 4) when nothing is left to tune."""
     inert = inert_knobs(policy)
     if logger is not None:

@@ -7,7 +7,9 @@ is not proposed again. Because a window's reference level is revised when the ne
 window arrives, the engine may replace every observation at once with ``retell``.
 
 The registry :data:`OPTIMISERS` (name -> factory, heavy imports lazy) is the only list of
-optimisers: the policy schema validates ``tuning.optimiser`` against it and the CLI offers its keys.
+optimisers; its names are :data:`polltuned.optimiser.names.OPTIMISER_NAMES` (a leaf module: the
+policy schema validates ``tuning.optimiser`` against it, the CLI offers them). The protocol and the
+shared history the backends build on are in :mod:`polltuned.optimiser.base`.
   * ``skopt``  — scikit-optimize GP: space-filling start over the whole space, trust regions that
     restart, global candidates in every acquisition, a safety filter on the model's upper bound;
   * ``random`` — uniform random search over the same encoded space (a baseline);
@@ -16,193 +18,49 @@ optimisers: the policy schema validates ``tuning.optimiser`` against it and the 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
-
-import numpy as np
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from polltuned.errors import UsageError
-from polltuned.optimiser.space import Space
+from polltuned.optimiser.base import (
+    Context,
+    CpuMeter,
+    History,
+    HistoryBookkeeping,
+    Optimiser,
+    Recommendation,
+)
+from polltuned.optimiser.names import OPTIMISER_NAMES
 from polltuned.records import KnobValue
 
-#: a window's load context (signal name -> value, see records.Window.context)
-Context = Mapping[str, float]
+if TYPE_CHECKING:  # annotations only (see polltuned.optimiser.base)
+    from polltuned.optimiser.space import Space
 
-
-@dataclass(frozen=True)
-class Recommendation:
-    config: dict[str, KnobValue]
-    predicted: float          # model's (or observed mean) y for the config
-    observed_mean: float
-    windows: int
-
-
-class Optimiser(Protocol):
-    name: str
-
-    def ask(self, remaining: int | None = None,
-            pending: Sequence[Mapping[str, KnobValue]] = (), *,
-            context: Context | None = None) -> dict[str, KnobValue]:
-        """Next configuration to try. ``remaining``: windows left in the budget (a hint);
-        ``pending``: configurations being measured elsewhere right now (not to be proposed again);
-        ``context``: the load now (a contextual backend optimises the knobs with it fixed)."""
-        ...
-    def tell(self, config: Mapping[str, KnobValue], y: float, *, context: Context | None = None) -> None: ...
-    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]], *,
-               contexts: Sequence[Context | None] | None = None) -> None:
-        """Replace every observation (the engine revised the windows' reference levels);
-        ``contexts``, when given, runs parallel to ``observations``."""
-        ...
-    def tell_failed(self, config: Mapping[str, KnobValue]) -> None: ...
-    def set_noise(self, sd: float) -> None:
-        """The measured window-to-window standard deviation of y (from the reference windows)."""
-        ...
-    def best(self) -> Recommendation | None: ...
-    def candidate(self) -> Recommendation | None:
-        """The configuration worth confirming against the baseline: the best evaluated one that
-        is not the baseline (None when there is none)."""
-        ...
-    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]: ...
-    @property
-    def cpu_seconds(self) -> float: ...
-
-
-@dataclass
-class _Entry:
-    config: dict[str, KnobValue]
-    ys: list[float]
-
-
-class History:
-    """Observations keyed by canonical configuration (mutable, owned by one optimiser)."""
-
-    def __init__(self, space: Space) -> None:
-        self.space = space
-        self.entries: dict[str, _Entry] = {}
-        self.order: list[tuple[str, float]] = []   # (key, y) in tell order
-        self.failed: set[str] = set()
-
-    def add(self, config: Mapping[str, KnobValue], y: float) -> str:
-        if not np.isfinite(y):
-            raise ValueError(f"non-finite objective {y!r} must not be told to an optimiser")
-        k = self.space.key_of(config)
-        e = self.entries.get(k)
-        if e is None:
-            e = _Entry(self.space.canonical(config), [])
-            self.entries[k] = e
-        e.ys.append(float(y))
-        self.order.append((k, float(y)))
-        return k
-
-    def reset(self) -> None:
-        self.entries.clear()
-        self.order.clear()
-
-    def seen(self, config: Mapping[str, KnobValue]) -> int:
-        k = self.space.key_of(config)
-        e = self.entries.get(k)
-        return len(e.ys) if e else (1 if k in self.failed else 0)
-
-    def best_observed(self, exclude: str | None = None) -> Recommendation | None:
-        entries = [e for k, e in self.entries.items() if k != exclude]
-        if not entries:
-            return None
-
-        # mean of log-ratios; a config seen once is shrunk slightly towards 0 (no better than baseline)
-        def score(e: _Entry) -> float:
-            m = float(np.mean(e.ys))
-            return m * len(e.ys) / (len(e.ys) + 0.25)
-
-        e = min(entries, key=score)
-        m = float(np.mean(e.ys))
-        return Recommendation(dict(e.config), m, m, len(e.ys))
-
-
-class CpuMeter:
-    """Process CPU seconds spent inside ``with`` blocks (re-entrant: nested blocks count once)."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self._t0 = 0.0
-        self._depth = 0
-
-    def __enter__(self) -> CpuMeter:
-        if self._depth == 0:
-            self._t0 = time.process_time()
-        self._depth += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            self.total += time.process_time() - self._t0
-
-
-class HistoryBookkeeping:
-    """What every backend shares: observations in a History, retell, failures, optimiser CPU."""
-
-    space: Space
-    hist: History
-    _cpu: CpuMeter
-
-    def tell(self, config: Mapping[str, KnobValue], y: float, *, context: Context | None = None) -> None:
-        with self._cpu:
-            self.hist.add(config, y)
-
-    def retell(self, observations: Sequence[tuple[Mapping[str, KnobValue], float]], *,
-               contexts: Sequence[Context | None] | None = None) -> None:
-        with self._cpu:
-            self.hist.reset()
-            for c, y in observations:
-                self.hist.add(c, y)
-
-    def tell_failed(self, config: Mapping[str, KnobValue]) -> None:
-        self.hist.failed.add(self.space.key_of(config))
-
-    def set_noise(self, sd: float) -> None:
-        return None
-
-    def best(self) -> Recommendation | None:
-        return self.hist.best_observed()
-
-    def candidate(self) -> Recommendation | None:
-        return self.hist.best_observed(exclude=self.baseline_key())
-
-    def baseline_key(self) -> str | None:
-        return None
-
-    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
-        return dict(config)
-
-    @property
-    def cpu_seconds(self) -> float:
-        return self._cpu.total
-
+__all__ = ["OPTIMISERS", "OPTIMISER_NAMES", "Context", "CpuMeter", "History", "HistoryBookkeeping", "Optimiser",
+           "Recommendation", "make_optimiser"]
 
 Factory = Callable[..., Optimiser]
 
 
 def _skopt(space: Space, baseline: Mapping[str, KnobValue], *, seed: int, initial_points: int,
            safety_limit: float | None) -> Optimiser:
-    from polltuned.optimiser.skopt_backend import SkoptOptimiser
+    from polltuned.optimiser.skopt_backend import SkoptOptimiser  # lazy: scikit-optimize is heavy
     return SkoptOptimiser(space, baseline, seed=seed, initial_points=initial_points, safety_limit=safety_limit)
 
 
 def _random(space: Space, baseline: Mapping[str, KnobValue], *, seed: int, initial_points: int,
             safety_limit: float | None) -> Optimiser:
-    from polltuned.optimiser.baselines import RandomOptimiser
+    from polltuned.optimiser.baselines import RandomOptimiser  # lazy: the registry imports no backend
     return RandomOptimiser(space, baseline, seed=seed)
 
 
 def _grid(space: Space, baseline: Mapping[str, KnobValue], *, seed: int, initial_points: int,
           safety_limit: float | None) -> Optimiser:
-    from polltuned.optimiser.baselines import GridOptimiser
+    from polltuned.optimiser.baselines import GridOptimiser  # lazy: the registry imports no backend
     return GridOptimiser(space, baseline, seed=seed)
 
 
-#: the one list of optimisers (policy schema and CLI derive their choices from it)
+#: the one registry of optimisers, in the order of OPTIMISER_NAMES (tests/test_import_graph.py holds them equal)
 OPTIMISERS: dict[str, Factory] = {"skopt": _skopt, "random": _random, "grid": _grid}
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from polltuned.optimiser import Context, CpuMeter, History, HistoryBookkeeping
+from polltuned.optimiser.base import Context, CpuMeter, History, HistoryBookkeeping
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 

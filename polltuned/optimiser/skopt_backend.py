@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from polltuned.optimiser import Context, CpuMeter, History, HistoryBookkeeping, Recommendation
+from polltuned.optimiser.base import Context, CpuMeter, History, HistoryBookkeeping, Recommendation
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 

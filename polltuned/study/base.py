@@ -165,22 +165,6 @@ class Study:
     fingerprint: str
     backend: str = "?"
 
-    # ---------------------------------------------------------------- constructors
-    @staticmethod
-    def open(state_dir: Any, policy: Policy, *, backend: str = "sqlite") -> Study:
-        """The local store of ``policy`` under ``state_dir``: SQLite (default; imports an existing
-        JSON-lines study once) or the JSON-lines file (``backend="jsonl"``)."""
-        from polltuned.study.select import open_local
-
-        return open_local(state_dir, policy, backend=backend)
-
-    @staticmethod
-    def memory(policy: Policy) -> Study:
-        """Records kept in memory only (benchmarks, tests)."""
-        from polltuned.study.jsonl import JsonlStudy
-
-        return JsonlStudy(None, fingerprint(policy))
-
     # ---------------------------------------------------------------- records (backends)
     def append(self, kind: str, **fields: Any) -> None:
         """Durably record one record (one fsync'd line, or one committed transaction) before returning."""

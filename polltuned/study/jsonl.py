@@ -4,7 +4,7 @@ readable and writable: ``[study] backend = "jsonl"``; the SQLite default imports
 One versioned JSON object per line (``"v": 1``, ``"kind"``, the record's fields; see
 polltuned.study.base). Each append is one write + fsync; a torn last line (crash mid-write) is
 ignored on load, an unparsable line anywhere else is an error. ``path=None`` keeps the lines in
-memory (``Study.memory``: benchmarks and tests).
+memory (``polltuned.study.memory_study``: benchmarks and tests).
 
 A session without an ``end`` record is *resumable*. Values told to an optimiser from earlier
 sessions are only ``"ratio": true`` windows and trial windows (older files stored a baseline

@@ -40,8 +40,17 @@ def studies_dir(state_dir: str | os.PathLike[str]) -> Path:
     return d
 
 
+def memory_study(policy: Policy) -> Study:
+    """Records kept in memory only (benchmarks, tests)."""
+    from polltuned.study.jsonl import JsonlStudy
+
+    return JsonlStudy(None, fingerprint(policy))
+
+
 def open_local(state_dir: str | os.PathLike[str], policy: Policy, *, backend: str = "sqlite",
                clock: Clock | None = None, host_id: str | None = None, class_key: str | None = None) -> Study:
+    """The local store of ``policy`` under ``state_dir``: SQLite (default; imports an existing
+    JSON-lines study once) or the JSON-lines file (``backend="jsonl"``)."""
     from polltuned.study.jsonl import JsonlStudy
     from polltuned.study.sqlite import DB_NAME, SqliteStudy
 

@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 from polltuned.errors import UsageError
 from polltuned.records import KnobValue
-from polltuned.worlds.scenario import knob, noisy
+from polltuned.worlds.helpers import knob, noisy
 
 Arr = npt.NDArray[np.float64]
 ArrLike = float | Arr

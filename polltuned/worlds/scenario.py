@@ -46,7 +46,13 @@ from typing import Any
 import numpy as np
 
 from polltuned.errors import UsageError
+from polltuned.knobs.keys import key_suffix
 from polltuned.records import KnobValue, Window
+from polltuned.worlds import family
+from polltuned.worlds.helpers import knob, noisy
+
+__all__ = ["Measurement", "ReplayScenario", "Scenario", "knob", "load_scenario", "noisy", "resolve_scenario_path",
+           "shipped_dir", "shipped_names", "to_window"]
 
 Measurement = dict[str, float]
 REQUIRED = ("p99_us", "cpu_cores")
@@ -59,23 +65,6 @@ def shipped_dir() -> Path:
 
 def shipped_names() -> list[str]:
     return sorted(p.stem for p in shipped_dir().glob("*.py") if not p.stem.startswith("_"))
-
-
-def knob(config: Mapping[str, KnobValue], name: str, default: float = 0.0) -> float:
-    """Numeric value of a knob by full key or by its suffix after ``DEV:`` (device-independent)."""
-    if name in config:
-        v = config[name]
-    else:
-        for k, val in config.items():
-            if k.endswith(":" + name):
-                v = val
-                break
-        else:
-            return default
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return default
 
 
 @dataclass(frozen=True)
@@ -158,8 +147,6 @@ def load_scenario(name_or_path: str) -> Scenario:
 
 
 def _family_scenario(name: str) -> Scenario:
-    from polltuned.worlds import family
-
     parsed = family.parse_name(name)
     assert parsed is not None
     ls = family.make_landscape(*parsed)
@@ -176,16 +163,6 @@ def to_window(m: Measurement, duration_s: float) -> Window:
             lat[stat] = v
     return Window(ok=True, latency=lat, cpu_cores=m.get("cpu_cores"), throughput_pps=m.get("throughput_pps"),
                   drops_per_s=m.get("drops_per_s"), observations=1, duration_s=duration_s)
-
-
-# ---------------------------------------------------------------- helpers for scenario authors
-def noisy(rng: np.random.Generator, value: float, cv: float, outlier_p: float = 0.05,
-          outlier_x: float = 1.35) -> float:
-    """Lognormal window noise with occasional outlier windows (heavy tail, as measured in vm-bench §7)."""
-    v = value * math.exp(rng.normal(0.0, cv))
-    if rng.random() < outlier_p:
-        v *= outlier_x
-    return v
 
 
 # ---------------------------------------------------------------- replay of recorded windows
@@ -209,9 +186,9 @@ class ReplayScenario:
         groups: dict[str, list[Measurement]] = {}
         configs: dict[str, dict[str, KnobValue]] = {}
         for cfg, m in records:
-            k = repr(sorted((_suffix(a), str(b)) for a, b in cfg.items()))
+            k = repr(sorted((key_suffix(a), str(b)) for a, b in cfg.items()))
             groups.setdefault(k, []).append(m)
-            configs[k] = {_suffix(a): b for a, b in cfg.items()}
+            configs[k] = {key_suffix(a): b for a, b in cfg.items()}
         self._keys = list(groups)
         self._groups = [groups[k] for k in self._keys]
         self._configs = [configs[k] for k in self._keys]
@@ -256,7 +233,7 @@ class ReplayScenario:
         return ReplayScenario(recs, workload)
 
     def _nearest(self, config: Mapping[str, KnobValue]) -> int:
-        c = {_suffix(k): v for k, v in config.items()}
+        c = {key_suffix(k): v for k, v in config.items()}
         best, best_d = 0, math.inf
         for i, rc in enumerate(self._configs):
             d = 0.0
@@ -277,12 +254,6 @@ class ReplayScenario:
         out: Measurement = {"p99_us": float(np.mean([m["p99_us"] for m in g])),
                             "cpu_cores": float(np.mean([m["cpu_cores"] for m in g]))}
         return out
-
-
-def _suffix(key: str) -> str:
-    from polltuned.knobs.keys import key_suffix
-
-    return key_suffix(key)
 
 
 def _dist(a: KnobValue, b: KnobValue) -> float:
