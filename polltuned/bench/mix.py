@@ -59,10 +59,15 @@ from polltuned.bench.session import host_env, recover
 from polltuned.bench.signals import raise_if_interrupted, signals_raise
 from polltuned.bench.world import DefaultWorld, Workload
 from polltuned.clock import Clock
+from polltuned.daemon.status import read_status
+from polltuned.engine.builder import prepare_policy
 from polltuned.errors import HostError, PolltunedError, UsageError
-from polltuned.host.fs import Host
+from polltuned.host.exec import SubprocessRunner, foreign_cpu_seconds, kill_pid
+from polltuned.host.fs import FsHost, Host
 from polltuned.host.mixclient import PhaseLoad, write_phase
+from polltuned.policy.loader import find_policy, load_policy
 from polltuned.policy.schema import Objective
+from polltuned.probes.factory import make_probe
 from polltuned.records import KnobValue, Window
 from polltuned.stats import geo_mean
 
@@ -765,8 +770,6 @@ def _sh_quote(s: str) -> str:
 
 
 def _base_policy_path(ref: str | None) -> Path:
-    from polltuned.policy.loader import find_policy
-
     return find_policy(ref or "bench-mix").resolve()
 
 
@@ -788,10 +791,6 @@ class _Run:
 def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
             progress: Callable[[str], None] = lambda s: None) -> MixResult:
     """The whole mix bench on the real host. Needs root; hold /tmp/polltuned-realkernel.lock around it."""
-    from polltuned.engine.builder import prepare_policy
-    from polltuned.host.exec import SubprocessRunner, foreign_cpu_seconds
-    from polltuned.policy.loader import load_policy
-    from polltuned.probes.factory import make_probe
 
     for name in settings.schedule:
         if name not in LAYOUTS:
@@ -945,7 +944,6 @@ def stop_leftover_daemon(paths: MixPaths, *, host: Host, clock: Clock,
     if not daemon_cmdline_matches(cmd, paths.daemon_run):
         return False
     progress(f"a previous mix run's daemon (pid {pid}) is still running: stopping it")
-    from polltuned.host.exec import kill_pid
 
     kill_pid(pid, signal.SIGTERM)
     deadline = clock.monotonic() + 60.0
@@ -973,8 +971,6 @@ def mix_recover_daemon(paths: MixPaths, *, host: Host, clock: Clock,
 def _unattended(settings: MixSettings, paths: MixPaths, daemon: DaemonProcess, clock: Clock,
                 progress: Callable[[str], None], *, foreign: Callable[[], Mapping[int, float]]) -> _Run:
     """Run the phases while the daemon tunes; sample its status every second; stop it at the end."""
-    from polltuned.daemon.status import read_status
-
     spans: list[PhaseSpan] = []
     samples: list[StatusSample] = []
     t0 = clock.monotonic()
@@ -1014,8 +1010,6 @@ def _unattended(settings: MixSettings, paths: MixPaths, daemon: DaemonProcess, c
     fc = foreign_cores(f0, foreign(), run_s)
     restored = clean and exit_code == 0
     if restored:
-        from polltuned.host.fs import FsHost
-
         act = build_actuator(FsHost("/"), paths.daemon_state, clock)
         restored = not act.is_dirty()
     try:

@@ -23,6 +23,7 @@ from polltuned.host.fs import Host
 from polltuned.objective import score
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
+from polltuned.report import draw_report
 from polltuned.study import memory_study
 
 
@@ -127,7 +128,5 @@ def run_bench(settings: BenchSettings, *, host: Host, clock: Clock,
     res.restored = sess.restored
     res.duration_s = clock.monotonic() - t_start
     if settings.report is not None:
-        from polltuned.report import draw_report  # matplotlib: imported only when a report is asked for
-
         draw_report(res.trials, settings.report)
     return res

@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+from polltuned.daemon.status import daemon_running, holder_pid
 from polltuned.errors import LockedError, PermissionNeeded
 
 #: the signal that asks a running daemon to stop its round, roll back and hand over the host
@@ -26,8 +27,6 @@ def add_force(p: argparse.ArgumentParser) -> None:
 def claim_host(args: argparse.Namespace, what: str) -> None:
     """Refuse ``what`` (apply/rollback) while a daemon holds the run directory's instance lock,
     or, with ``--force``, take the host over from it."""
-    from polltuned.daemon.status import daemon_running, holder_pid
-
     try:
         if not daemon_running(args.run_dir):
             return

@@ -17,6 +17,22 @@ import os
 import sys
 from pathlib import Path
 
+from polltuned.bench.mix import (
+    DEFAULT_PHASE_S,
+    DEFAULT_SCHEDULE,
+    MixPaths,
+    MixSettings,
+    mix_recover_daemon,
+    parse_schedule,
+    render_mix_table,
+    run_mix,
+    stop_leftover_daemon,
+)
+from polltuned.bench.rates import parse_rates, render_rates_table, run_rates
+from polltuned.bench.run import run_bench
+from polltuned.bench.session import BenchSettings, recover
+from polltuned.bench.table import render_table
+from polltuned.bench.world import WORKLOADS, get_workload
 from polltuned.cli._types import SEED, finite_float, int_range
 from polltuned.clock import SystemClock
 from polltuned.errors import LockedError, PermissionNeeded, UsageError
@@ -26,8 +42,6 @@ LOCK = "/tmp/polltuned-realkernel.lock"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from polltuned.bench.world import WORKLOADS
-
     p.add_argument("--workload", default="single", choices=[*WORKLOADS, "mix"],
                    help="single (default), parallel, shared-cpu, cpu-hog (sockperf); nginx (nginx + wrk); "
                         "memcached (memcached + polltuned's closed-loop GET client); mix (the daemon, "
@@ -71,10 +85,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.bench.run import run_bench
-    from polltuned.bench.session import BenchSettings, recover
-    from polltuned.bench.table import render_table
-
     host = FsHost(args.host_root)
     if not host.is_real:
         raise UsageError("bench runs on the real kernel only (--host-root must be /)")
@@ -101,8 +111,6 @@ def run(args: argparse.Namespace) -> int:
         no_seeds=args.no_seeds, oracle=Path(args.oracle) if args.oracle else None, wait_quiet_s=args.wait_quiet)
     mix = None
     if args.workload == "mix":
-        from polltuned.bench.mix import DEFAULT_PHASE_S, DEFAULT_SCHEDULE, MixSettings, parse_schedule
-
         if args.oracle is not None or args.record or args.report or args.no_seeds or args.seed is not None:
             raise UsageError("--workload mix: --oracle, --record, --report, --no-seeds and --seed do not apply "
                              "(its oracle is a sweep measured per load; the daemon runs the policy as written)")
@@ -117,14 +125,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--phases and --phase-s apply to --workload mix only")
     rates = None
     if args.rates is not None:
-        from polltuned.bench.rates import parse_rates
-
         if mix is not None:
             raise UsageError("--rates does not apply to --workload mix")
         if args.report:
             raise UsageError("--rates: --report draws one run's trials; use --json for every rate's")
         rates = parse_rates(args.rates)
-        from polltuned.bench.world import get_workload
 
         if get_workload(args.workload).app == "sockperf":
             raise UsageError(f"--rates: workload {args.workload} is sockperf ping-pong (closed loop only)",
@@ -147,8 +152,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.cleanup:
-            from polltuned.bench.mix import MixPaths, mix_recover_daemon, stop_leftover_daemon
-
             mpaths = MixPaths(settings.state_dir / "mix")
             stop_leftover_daemon(mpaths, host=host, clock=SystemClock(), progress=progress)
             mixed = mix_recover_daemon(mpaths, host=host, clock=SystemClock(), progress=progress)
@@ -157,12 +160,8 @@ def run(args: argparse.Namespace) -> int:
                   f"namespaces removed: {', '.join(removed) or 'none'}")
             return 0
         if mix is not None:
-            from polltuned.bench.mix import render_mix_table, run_mix
-
             mres = run_mix(mix, host=host, clock=SystemClock(), progress=progress)
         elif rates is not None:
-            from polltuned.bench.rates import render_rates_table, run_rates
-
             rres = run_rates(settings, rates, host=host, clock=SystemClock(), progress=progress)
         else:
             res = run_bench(settings, host=host, clock=SystemClock(), progress=progress)

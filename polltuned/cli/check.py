@@ -11,6 +11,7 @@ from typing import Any
 
 from polltuned.cli._knobs_common import add_app_cpus, app_cpus, make_host
 from polltuned.cli._types import finite_float
+from polltuned.cli.check_policy import check_policy
 from polltuned.errors import ExitCode, HostError, PolltunedError
 from polltuned.host.fs import Host
 from polltuned.knobs.base import Knob
@@ -97,8 +98,6 @@ def host_report(host: Host, reg: KnobRegistry, devices: list[str] | None) -> dic
 def run(args: argparse.Namespace) -> int:
     host = make_host(args)
     if args.policy is not None:
-        from polltuned.cli.check_policy import check_policy
-
         return check_policy(args, host)
     reg = KnobRegistry(host, app_cpus=app_cpus(args))
     devices = [args.nic] if args.nic else None

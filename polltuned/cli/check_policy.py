@@ -24,15 +24,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from polltuned.cli._knobs_common import app_cpus
+from polltuned.clock import FakeClock, SystemClock
+from polltuned.counters.sampler import Sampler
+from polltuned.engine.builder import fit_policy
 from polltuned.engine.compat import APP_STRATEGIES, Compat
 from polltuned.errors import ExitCode, HostError, PermissionNeeded, PolltunedError, ProbeError, UsageError
 from polltuned.host.fs import Host
 from polltuned.knobs.registry import KnobRegistry
 from polltuned.metrics.cpu_scope import CpuScope, IdlePoll, make_cpu_scope
-from polltuned.metrics.window import NicRates
+from polltuned.metrics.window import NicRates, rates
+from polltuned.policy import load_policy
+from polltuned.policy.loader import find_policy
 from polltuned.policy.schema import CommandProbe, Policy, PrometheusProbe, SockperfProbe, TcpRttProbe
 from polltuned.probes.capabilities import Need, needs
-from polltuned.probes.factory import ProbeConfig
+from polltuned.probes.factory import ProbeConfig, make_probe
 from polltuned.records import Window
 
 
@@ -80,10 +85,6 @@ class WindowResult:
 def probe_window(policy: Policy, host: Host, seconds: float) -> WindowResult:
     """Run the policy's probe for one window of ``seconds``, sampling /proc/stat and the policy's
     host-netns NIC around it. Never raises for a probe failure (a failed window says why)."""
-    from polltuned.clock import FakeClock, SystemClock
-    from polltuned.counters.sampler import Sampler
-    from polltuned.metrics.window import rates
-    from polltuned.probes.factory import make_probe
 
     sim = policy.probe.kind == "sim"
     clock = FakeClock() if sim else SystemClock()  # a simulated window needs no wall time
@@ -173,14 +174,10 @@ def measured(n: Need, res: WindowResult) -> tuple[bool, str]:
 
 
 def check_policy(args: argparse.Namespace, host: Host) -> int:
-    from polltuned.policy import load_policy
-    from polltuned.policy.loader import find_policy
-
     pol = load_policy(args.policy, nic=args.nic)
     file = str(find_policy(args.policy))
     if args.app_cpus:
         pol = pol.model_copy(update={"app_cpus": app_cpus(args)})
-    from polltuned.engine.builder import fit_policy
 
     # the knobs the probe cannot see (busy_read under a probe of long-lived sockets), then what the
     # host lacks: the daemon's own fitting (exit 4 if nothing is left), printed below, not logged

@@ -7,7 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from polltuned.daemon.config import load_config
+from polltuned.daemon.render import study_lines
 from polltuned.errors import ExitCode, UsageError
+from polltuned.host.fs import FsHost
+from polltuned.policy.loader import load_policy
+from polltuned.study.select import open_for_host
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,10 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def open_store(args: argparse.Namespace) -> tuple[Any, Any]:
     """(policy, the policy's study store as the daemon config's ``[study]`` names it)."""
-    from polltuned.daemon.config import load_config
-    from polltuned.host.fs import FsHost
-    from polltuned.policy.loader import load_policy
-    from polltuned.study.select import open_for_host
 
     ref, nic = args.policy, args.nic
     cfg = load_config(args.config) if Path(args.config).is_file() else None
@@ -78,8 +79,6 @@ def study_history(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]], 
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.daemon.render import study_lines
-
     name, rows, info = study_history(args)
     if args.json:
         print(json.dumps({"policy": name, "study": info, "windows": rows}, indent=1, default=str))

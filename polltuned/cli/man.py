@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from polltuned.cli.main import COMMANDS, build_parser
 from polltuned.errors import ExitCode
 
 _EXIT_MEANING: dict[ExitCode, str] = {
@@ -95,8 +96,6 @@ def _describe(lines: list[str], parser: argparse.ArgumentParser) -> None:
 
 def render(parser: argparse.ArgumentParser) -> str:
     """The whole page for a fully built parser (``build_parser(full=True)``)."""
-    from polltuned.cli.main import COMMANDS
-
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     lines = [
         '.TH POLLTUNED 8 "" "polltuned" "System Administration"',
@@ -139,8 +138,6 @@ def render(parser: argparse.ArgumentParser) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.cli.main import build_parser
-
     page = render(build_parser(full=True))
     if args.output:
         with open(args.output, "w", encoding="ascii") as fh:

@@ -18,6 +18,7 @@ import logging
 from polltuned.actuator import JournalRecovered, RollbackReport
 from polltuned.cli._knobs_common import build_actuator, fmt
 from polltuned.cli._owner import add_force, claim_host
+from polltuned.daemon.status import clear_kept, is_kept
 from polltuned.errors import ExitCode, JournalError, StateNotWritable
 
 log = logging.getLogger("polltuned.rollback")
@@ -58,8 +59,6 @@ def _print(rep: RollbackReport, as_json: bool, recovered: JournalRecovered | Non
 def _clear_kept(state_dir: str) -> None:
     """Drop the keep marker; a state directory that takes no write (read-only, disk full) must not
     stop the rollback: the knobs matter more (the rollback reports the state directory itself)."""
-    from polltuned.daemon.status import clear_kept
-
     try:
         clear_kept(state_dir)
     except StateNotWritable as e:
@@ -67,8 +66,6 @@ def _clear_kept(state_dir: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.daemon.status import is_kept
-
     act = build_actuator(args)
     claim_host(args, "rollback")
     if args.accept_unknown:

@@ -6,7 +6,17 @@ import argparse
 import logging
 
 from polltuned.cli._types import finite_float, int_range
+from polltuned.cli.main import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
+from polltuned.cli.simulate import prepare
+from polltuned.clock import Clock, ScaledClock, SystemClock
+from polltuned.daemon.config import DaemonConfig, load_config
+from polltuned.daemon.metrics import build_exporter
+from polltuned.daemon.service import Service
+from polltuned.daemon.status import clear_kept, mark_kept, read_kept
+from polltuned.daemon.statusdoc import build_status
+from polltuned.daemon.wiring import build_daemon, load_daemon_policy
 from polltuned.errors import ExitCode
+from polltuned.host.systemd import Notifier, setup_logging
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,15 +41,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.cli.main import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
-    from polltuned.clock import Clock, ScaledClock, SystemClock
-    from polltuned.daemon.config import DaemonConfig, load_config
-    from polltuned.daemon.service import Service
-    from polltuned.daemon.status import clear_kept, mark_kept, read_kept
-    from polltuned.daemon.statusdoc import build_status
-    from polltuned.daemon.wiring import build_daemon, load_daemon_policy
-    from polltuned.host.systemd import Notifier, setup_logging
-
     cfg = load_config(args.config) if args.config else DaemonConfig()
     state_dir = args.state_dir if args.state_dir != DEFAULT_STATE_DIR else cfg.state_dir
     run_dir = args.run_dir if args.run_dir != DEFAULT_RUN_DIR else cfg.run_dir
@@ -55,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
     clock: Clock = SystemClock()
     host_root, sim = args.host_root, None
     if getattr(args, "simulate", None):
-        from polltuned.cli.simulate import prepare
-
         sim = prepare(args, policy)
         policy, host_root, state_dir, run_dir = sim.swap_probe(policy), sim.host_root, sim.state_dir, sim.run_dir
         clock = ScaledClock(args.sim_speed)
@@ -85,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
 
     metrics = None
     if cfg.metrics.http_address is not None or cfg.metrics.textfile is not None:
-        from polltuned.daemon.metrics import build_exporter
-
         metrics = build_exporter(cfg.metrics, clock)
     service = Service(controller=d.controller, notifier=Notifier(), run_dir=run_dir, clock=clock,
                       build_status=lambda c: build_status(d, c), reload_policy=reload_policy,  # type: ignore[arg-type]

@@ -16,8 +16,22 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from polltuned.actuator import build_actuator
 from polltuned.cli._types import SEED, int_range
+from polltuned.cli.main import DEFAULT_STATE_DIR
+from polltuned.clock import FakeClock
+from polltuned.engine.builder import build_engine, build_env, prepare_policy
+from polltuned.engine.driver import drive
+from polltuned.engine.phases import Event, Phase
 from polltuned.errors import ExitCode, UsageError
+from polltuned.host.fs import FsHost
+from polltuned.objective import value_of
+from polltuned.optimiser import OPTIMISERS
+from polltuned.policy.loader import load_policy
+from polltuned.policy.schema import SimProbe as SimProbeConfig
+from polltuned.probes.sim import SimProbe, make_fake_host_tree
+from polltuned.study import open_local
+from polltuned.worlds.scenario import load_scenario, shipped_names
 
 if TYPE_CHECKING:
     from polltuned.clock import Clock
@@ -28,8 +42,6 @@ if TYPE_CHECKING:
 
 
 def _optimisers() -> list[str]:
-    from polltuned.optimiser import OPTIMISERS
-
     return list(OPTIMISERS)
 
 
@@ -48,11 +60,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.clock import FakeClock
-    from polltuned.objective import value_of
-    from polltuned.policy.loader import load_policy
-    from polltuned.worlds.scenario import load_scenario, shipped_names
-
     if args.list:
         for name in shipped_names():
             sc = load_scenario(name)
@@ -81,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
         host_root = Path(args.host_root) if args.host_root not in (None, "/") else Path(tmp.name) / "root"
         if host_root.resolve() == Path("/"):
             raise UsageError("--host-root /: sim never runs against the real kernel tree")
-        from polltuned.cli.main import DEFAULT_STATE_DIR
 
         state = Path(tmp.name) / "state" if args.state_dir in (None, DEFAULT_STATE_DIR) else Path(args.state_dir)
         result, events = simulate(pol, scenario, host_root, state, seed=args.seed, clock=FakeClock(),
@@ -115,14 +121,6 @@ def simulate(pol: Policy, scenario: Scenario, host_root: Path, state_dir: Path, 
              progress: TextIO | None = None) -> tuple[TuningResult | None, list[dict[str, object]]]:
     """Build Actuator + Journal + SimProbe + HostEnv on a fake tree (the engine's one builder) and
     drive the engine."""
-    from polltuned.actuator import build_actuator
-    from polltuned.engine.builder import build_engine, build_env, prepare_policy
-    from polltuned.engine.driver import drive
-    from polltuned.engine.phases import Event, Phase
-    from polltuned.host.fs import FsHost
-    from polltuned.policy.schema import SimProbe as SimProbeConfig
-    from polltuned.probes.sim import SimProbe, make_fake_host_tree
-    from polltuned.study import open_local
 
     clk = clock
     make_fake_host_tree(host_root, pol.knobs)

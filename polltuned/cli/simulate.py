@@ -21,8 +21,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from polltuned.cli.main import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
 from polltuned.errors import UsageError
 from polltuned.policy.schema import Policy, SimProbe
+from polltuned.probes.sim import make_fake_host_tree
+from polltuned.worlds.scenario import load_scenario
 
 log = logging.getLogger("polltuned.daemon")
 
@@ -47,8 +50,6 @@ class Simulation:
 
 def prepare(args: argparse.Namespace, policy: Policy) -> Simulation:
     """Check the scenario, choose (or make) the fake tree and the temporary state/run dirs."""
-    from polltuned.cli.main import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
-    from polltuned.worlds.scenario import load_scenario
 
     load_scenario(args.simulate)  # UsageError (exit 2) for an unknown scenario, before anything else
     if args.sim_speed < 0:
@@ -62,8 +63,6 @@ def prepare(args: argparse.Namespace, policy: Policy) -> Simulation:
         return Path(tmp.name)
 
     if args.host_root in (None, "/"):
-        from polltuned.probes.sim import make_fake_host_tree
-
         root = scratch() / "root"
         make_fake_host_tree(root, policy.knobs)
     else:

@@ -14,7 +14,11 @@ import json
 import sys
 from typing import Any
 
-from polltuned.errors import ExitCode
+from polltuned.actuator import JournalHealth
+from polltuned.cli._knobs_common import build_actuator, fmt
+from polltuned.daemon.render import render_status
+from polltuned.daemon.status import daemon_running, is_kept, read_status
+from polltuned.errors import ExitCode, JournalUnreadable, PermissionNeeded, PolltunedError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,9 +31,6 @@ def _knob_json(m: Any) -> dict[str, Any]:
 
 def kept_epoch(args: argparse.Namespace) -> bool:
     """Does a keep marker cover the journal's open epoch (the daemon kept its values on purpose)?"""
-    from polltuned.cli._knobs_common import build_actuator
-    from polltuned.daemon.status import is_kept
-    from polltuned.errors import PolltunedError
 
     try:
         st = build_actuator(args).state()
@@ -39,12 +40,6 @@ def kept_epoch(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polltuned.actuator import JournalHealth
-    from polltuned.cli._knobs_common import build_actuator, fmt
-    from polltuned.daemon.render import render_status
-    from polltuned.daemon.status import daemon_running, read_status
-    from polltuned.errors import JournalUnreadable, PermissionNeeded, PolltunedError
-
     running = daemon_running(args.run_dir)
     doc = read_status(args.run_dir) or {}
     # a member of group polltuned can read the run directory but not the root-only journal: with

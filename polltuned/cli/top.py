@@ -16,7 +16,7 @@ from typing import TextIO
 from polltuned.cli._knobs_common import make_host
 from polltuned.cli._types import finite_float, int_range
 from polltuned.clock import Clock, SystemClock
-from polltuned.counters import Sampler
+from polltuned.counters import COLLECTORS, Sampler
 from polltuned.counters.sampler import Snapshot
 from polltuned.errors import UsageError
 from polltuned.metrics.window import Rates, rates
@@ -111,8 +111,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--count: must be >= 0 (got {args.count})")
     families: Sequence[str] | None = None
     if args.interrupts:
-        from polltuned.counters import COLLECTORS
-
         families = [n for n, c in COLLECTORS.items() if c.default and n != "procs"] + ["interrupts"]
     count = 1 if args.once else args.count
     clock = SystemClock()

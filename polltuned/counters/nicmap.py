@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from polltuned.errors import HostError
 from polltuned.host.fs import Host
+from polltuned.host.netdev_genl import GenlNetdev
 
 _VIRTIO = re.compile(r"^(virtio\d+)-(input|output)\.(\d+)$")
 _COMBINED = re.compile(r"(?:TxRx|Tx-Rx|txrx|rxtx|comp|ntfy-blk|fp|queue|TRx)[-_.]?(\d+)(?:@|$)")
@@ -109,8 +110,6 @@ NapiSource = Callable[[int], list[tuple[int, int | None]]]
 
 
 def _genl_napis(ifindex: int) -> list[tuple[int, int | None]]:
-    from polltuned.host.netdev_genl import GenlNetdev
-
     return [(n.id, n.irq) for n in GenlNetdev().napis(ifindex)]
 
 

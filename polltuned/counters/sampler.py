@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 from polltuned.clock import Clock
 from polltuned.counters.base import Absent, Collector, Reader, SampleContext
+from polltuned.counters.interrupts import InterruptsRecord
+from polltuned.counters.loadavg import LoadavgRecord
 from polltuned.counters.nicmap import NicInfo, discover_nic, list_links
+from polltuned.counters.pressure import PressureRecord
+from polltuned.counters.registry import COLLECTORS
+from polltuned.counters.schedstat import SchedstatRecord
+from polltuned.counters.softirqs import SoftirqsRecord
+from polltuned.counters.softnet import SoftnetRecord
+from polltuned.counters.stat import StatRecord
 from polltuned.errors import ParseError, PolltunedError, UsageError
 from polltuned.host.fs import Host
 
@@ -55,17 +63,14 @@ class Snapshot:
 
     @property
     def stat(self) -> StatRecord | None:
-        from polltuned.counters.stat import StatRecord
         return self._get("stat", StatRecord)
 
     @property
     def softirqs(self) -> SoftirqsRecord | None:
-        from polltuned.counters.softirqs import SoftirqsRecord
         return self._get("softirqs", SoftirqsRecord)
 
     @property
     def interrupts(self) -> InterruptsRecord | None:
-        from polltuned.counters.interrupts import InterruptsRecord
         return self._get("interrupts", InterruptsRecord)
 
     @property
@@ -75,22 +80,18 @@ class Snapshot:
 
     @property
     def schedstat(self) -> SchedstatRecord | None:
-        from polltuned.counters.schedstat import SchedstatRecord
         return self._get("schedstat", SchedstatRecord)
 
     @property
     def loadavg(self) -> LoadavgRecord | None:
-        from polltuned.counters.loadavg import LoadavgRecord
         return self._get("loadavg", LoadavgRecord)
 
     @property
     def softnet(self) -> SoftnetRecord | None:
-        from polltuned.counters.softnet import SoftnetRecord
         return self._get("softnet", SoftnetRecord)
 
     @property
     def pressure(self) -> PressureRecord | None:
-        from polltuned.counters.pressure import PressureRecord
         return self._get("pressure", PressureRecord)
 
     @property
@@ -126,7 +127,6 @@ class Sampler:
         logger: logging.Logger | None = None,
     ) -> None:
         if collectors is None:
-            from polltuned.counters.registry import COLLECTORS
             collectors = COLLECTORS
         self._host = host
         self._clock = clock

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from polltuned.errors import PolicyError
+from polltuned.policy.loader import format_validation_error, read_toml
 from polltuned.study.config import StudyConfig
 
 
@@ -65,8 +66,6 @@ class DaemonConfig(BaseModel):
 
 
 def load_config(path: str | Path) -> DaemonConfig:
-    from polltuned.policy.loader import format_validation_error, read_toml
-
     p = Path(path)
     data = read_toml(p)
     try:

@@ -38,6 +38,8 @@ from prometheus_client.samples import Sample
 
 from polltuned.clock import Clock
 from polltuned.daemon.config import MetricsConfig
+from polltuned.errors import PolltunedError
+from polltuned.host.metrics_http import serve_metrics
 
 log = logging.getLogger("polltuned.daemon")
 
@@ -367,12 +369,9 @@ class MetricsExporter:
         """Open the HTTP listener (when configured). A listener that cannot bind is logged, not fatal."""
         if self.cfg.http_address is None or self.server is not None:
             return
-        from polltuned.errors import PolltunedError
 
         serve = self._serve
         if serve is None:
-            from polltuned.host.metrics_http import serve_metrics
-
             serve = serve_metrics
         try:
             self.server = serve(self.registry, self.cfg.http_address, self.cfg.http_port)

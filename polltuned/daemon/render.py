@@ -6,6 +6,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from polltuned.daemon.watch import summarize
+
 
 def _fmt(v: Any) -> str:
     if v is None:
@@ -222,7 +224,6 @@ def _verification(ver: Any, now: float) -> list[str]:
     """The last verification of the deployed knobs (HOLD): when, why, counts, what changed."""
     if not isinstance(ver, Mapping) or not ver:
         return []
-    from polltuned.daemon.watch import summarize
 
     t = ver.get("t")
     when = f"{max(0.0, now - float(t)):.0f} s ago" if isinstance(t, (int, float)) else "?"

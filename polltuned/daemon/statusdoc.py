@@ -11,6 +11,7 @@ from polltuned.daemon.controller import Controller
 from polltuned.daemon.wiring import Daemon
 from polltuned.engine.session import TuningResult
 from polltuned.errors import PolltunedError
+from polltuned.knobs.vhost import recommend_vhost_poll_us
 from polltuned.policy.schema import Policy
 
 
@@ -156,7 +157,6 @@ def _vhost_recommendation(pol: Policy, res: TuningResult) -> dict[str, Any]:
     bp = res.deployed.get("net.core.busy_poll")
     if not isinstance(bp, int) or not any(k.startswith(("vhost:", "module:kvm")) for k in pol.knobs):
         return {}
-    from polltuned.knobs.vhost import recommend_vhost_poll_us
 
     rec = recommend_vhost_poll_us(bp)
     return {"qemu -netdev tap,poll-us": {"value": rec.poll_us, "why": rec.reason}}

@@ -14,19 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polltuned.actuator import Actuator
+from polltuned.actuator import Actuator, build_actuator
 from polltuned.clock import Clock
+from polltuned.counters import Sampler
 from polltuned.daemon.controller import Controller, EngineLike
 from polltuned.daemon.watch import Watcher
+from polltuned.engine.builder import build_engine, prepare_policy
+from polltuned.engine.builder import build_env as engine_env
 from polltuned.engine.env import TrialEnv
 from polltuned.errors import PolltunedError
 from polltuned.host.fs import FsHost, Host
+from polltuned.host.identity import host_fingerprint
+from polltuned.host.netlink import open_link_events
 from polltuned.metrics.cpu_scope import CpuScope, make_cpu_scope
+from polltuned.metrics.window import rates
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
+from polltuned.probes.factory import make_probe
 from polltuned.records import Config, KnobValue, Window
 from polltuned.study import Study
 from polltuned.study.config import StudyConfig
+from polltuned.study.select import open_for_host
 
 log = logging.getLogger("polltuned.daemon")
 
@@ -41,8 +49,6 @@ class CountersView:
         self._begin: Any = None
         self.last_json: dict[str, Any] = {}
         try:
-            from polltuned.counters import Sampler
-
             self._sampler = Sampler(host, clock=clock, nic=nic)
         except PolltunedError as e:
             log.warning("counters disabled: %s", e.message)
@@ -53,7 +59,6 @@ class CountersView:
         """Rates since the previous call (at least 1 s apart), as a small JSON block."""
         if self._sampler is None:
             return {"cpus": [], "unavailable": {"counters": "no sampler"}}
-        from polltuned.metrics.window import rates
 
         try:
             snap = self._sampler.sample()
@@ -83,7 +88,6 @@ class CountersView:
     def end(self) -> dict[str, float]:
         if self._sampler is None or self._begin is None:
             return {}
-        from polltuned.metrics.window import rates
 
         r = rates(self._begin, self._sampler.sample())
         out: dict[str, float] = {}
@@ -160,8 +164,6 @@ class Daemon:
     def fit(self, policy: Policy) -> Policy:
         """The policy restricted to what this host and its probe support (one log line per dropped
         knob); for reloads."""
-        from polltuned.engine.builder import prepare_policy
-
         pol, self.dropped_knobs = prepare_policy(policy, self.actuator)
         self.requested[pol.model_dump_json()] = policy
         return pol
@@ -176,8 +178,6 @@ def daemon_cpu_scope(policy: Policy, host: Host, counters: CountersView, clock: 
 
 def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, counters: CountersView) -> TrialEnv:
     """The prepared policy's probe and a HostEnv (the engine's builder)."""
-    from polltuned.engine.builder import build_env as engine_env
-    from polltuned.probes.factory import make_probe
 
     probe = make_probe(policy.probe, host, clock=clock, policy=policy, seed=policy.tuning.seed)
     probe.start()
@@ -189,10 +189,6 @@ def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, co
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,
                  max_rounds: int | None = None, observe: bool = False,
                  study: StudyConfig | None = None) -> Daemon:
-    from polltuned.actuator import build_actuator
-    from polltuned.engine.builder import build_engine, prepare_policy
-    from polltuned.host.identity import host_fingerprint
-    from polltuned.study.select import open_for_host
 
     host = FsHost(host_root)
     sd = Path(state_dir)
@@ -227,7 +223,6 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
                             host_fingerprint=host_fingerprint(host, pol.nic), resume=rounds["n"] == 1,
                             observe=observe, dropped=daemon.dropped_knobs)
 
-    from polltuned.host.netlink import open_link_events
 
     watcher = Watcher(actuator, clock, open_events=lambda: open_link_events(host))
     controller = Controller(policy=policy, actuator=actuator, env=env, make_engine=make_engine, clock=clock,

@@ -29,6 +29,7 @@ from polltuned.knobs.keys import Effect
 from polltuned.optimiser import Optimiser
 from polltuned.policy.schema import Policy
 from polltuned.probes.base import Probe
+from polltuned.probes.factory import probe_opens_fresh_sockets
 from polltuned.study import Study
 
 log = logging.getLogger("polltuned.engine")
@@ -36,8 +37,6 @@ log = logging.getLogger("polltuned.engine")
 
 def inert_knobs(policy: Policy) -> dict[str, str]:
     """Knobs this policy's probe cannot see, with the reason (one line each)."""
-    from polltuned.probes.factory import probe_opens_fresh_sockets
-
     if probe_opens_fresh_sockets(policy.probe):
         return {}
     out: dict[str, str] = {}

@@ -34,6 +34,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from polltuned.errors import ProbeError
+from polltuned.host.exec import SubprocessRunner
+from polltuned.probes.sockperf import merge_results, parse_sockperf
+
 MAX_DURATION_S = 600.0
 CLIENT_GRACE_S = 20.0
 
@@ -121,8 +125,6 @@ def log_line(load: PhaseLoad | None, t0: float, t1: float, doc: Mapping[str, Any
 def run_window(load: PhaseLoad, *, server: str, port: int, duration_s: float, runner: Any) -> dict[str, object]:
     """Run the phase's sessions once, in parallel; the merged result as :func:`result_document`.
     Raises MixClientError when a session failed."""
-    from polltuned.errors import ProbeError
-    from polltuned.probes.sockperf import merge_results, parse_sockperf
 
     seconds = max(1, round(duration_s))
     clients = []
@@ -168,7 +170,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 < a.duration <= MAX_DURATION_S:
         print(f"mixclient: --duration must be in (0, {MAX_DURATION_S:g}] s", file=sys.stderr)
         return 2
-    from polltuned.host.exec import SubprocessRunner
 
     t0 = time.time()
     load: PhaseLoad | None = None

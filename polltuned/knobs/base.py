@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
-from polltuned.errors import HostError, KnobValueError
+from polltuned.errors import HostError, KnobValueError, ParseError
 from polltuned.records import KnobValue
 
 JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
@@ -204,8 +204,6 @@ def parse_int_text(path: str, text: str) -> int:
     Kernel format: ``proc_dointvec`` and sysfs ``%d``/``%lu``/``%u`` attributes print the number
     followed by ``\\n`` (e.g. ``"50\\n"``).
     """
-    from polltuned.errors import ParseError
-
     t = text.strip()
     try:
         return int(t)

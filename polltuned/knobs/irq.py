@@ -24,7 +24,7 @@ import re
 from polltuned.errors import HostError, KnobValueError, ParseError
 from polltuned.host.cpus import format_cpu_list, online_cpus, parse_cpu_list
 from polltuned.host.fs import Host
-from polltuned.knobs.base import Availability, JsonValue, Knob, choice_domain, gone_or_raise
+from polltuned.knobs.base import Availability, JsonValue, Knob, KnobGone, choice_domain, gone_or_raise
 from polltuned.records import KnobValue
 
 log = logging.getLogger("polltuned.knobs.irq")
@@ -165,8 +165,6 @@ class IrqAffinityKnob(Knob):
 
     def read(self) -> KnobValue:
         if not self.host.exists(f"/sys/class/net/{self.dev}"):
-            from polltuned.knobs.base import KnobGone
-
             raise KnobGone(f"{self.key}: no device {self.dev}")
         return ";".join(f"{k}:{v}" for k, v in sorted(self._current().items(), key=lambda kv: int(kv[0])))
 

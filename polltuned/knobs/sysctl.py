@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from polltuned.errors import HostError
 from polltuned.host.fs import Host
+from polltuned.host.kconfig import read_kernel_config
 from polltuned.knobs.base import (
     INT_MAX,
     Availability,
@@ -68,8 +69,6 @@ def _fixed(d: Domain) -> Callable[[Host], Domain]:
 
 
 def _budget_usecs_domain(host: Host) -> Domain:
-    from polltuned.host.kconfig import read_kernel_config
-
     hz = parse_kconfig_hz(read_kernel_config(host) or "")
     lo = budget_usecs_min(hz)
     return int_domain(lo, INT_MAX, "µs", f"raise-only: kernel minimum is its default, 2 jiffies (HZ={hz or '?'})")

@@ -45,9 +45,9 @@ from polltuned.clock import Clock
 from polltuned.counters.nicmap import NicInfo
 from polltuned.errors import HostError, ParseError, PolltunedError
 from polltuned.host.cgroup import CgroupUnavailable, CpuStat, find_unit_cgroup, read_cpu_stat, unified_root, unit_name
-from polltuned.host.cpus import parse_cpu_list
+from polltuned.host.cpus import format_cpu_list, parse_cpu_list
 from polltuned.host.fs import Host
-from polltuned.metrics.window import MetricUnavailable
+from polltuned.metrics.window import MetricUnavailable, rates
 from polltuned.policy.schema import Policy
 
 log = logging.getLogger("polltuned.metrics")
@@ -152,8 +152,6 @@ def poll_cores(before: Mapping[int, float], after: Mapping[int, float], cpus: It
 
 def format_cpus(cpus: Iterable[int]) -> str:
     """The kernel's compact CPU list form (``0-3,8``)."""
-    from polltuned.host.cpus import format_cpu_list
-
     return format_cpu_list(set(cpus))
 
 
@@ -279,8 +277,6 @@ class CgroupCpuScope(CpuScope):
 
 
 def _rates(a: Any, b: Any) -> Any:
-    from polltuned.metrics.window import rates
-
     return rates(a, b)
 
 

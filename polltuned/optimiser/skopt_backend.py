@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from polltuned.optimiser.base import Context, CpuMeter, History, HistoryBookkeeping, Recommendation
+from polltuned.optimiser.kernels import additive_plus_full
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 
@@ -261,7 +262,6 @@ class SkoptOptimiser(HistoryBookkeeping):
             return self._model
         from skopt.learning import GaussianProcessRegressor
 
-        from polltuned.optimiser.kernels import additive_plus_full
 
         obs = list(enumerate(self.hist.order))
         if len(obs) > self.max_fit_points:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from polltuned.errors import PermissionNeeded, PolicyError
 from polltuned.knobs.keys import key_problems
 from polltuned.policy.schema import Policy
+from polltuned.trust import require_trusted
 
 _MAX_INCLUDE_DEPTH = 8
 
@@ -72,8 +73,6 @@ def read_toml(path: Path, what: str = "config") -> dict[str, Any]:
     """One TOML file; unreadable or malformed -> PolicyError naming the file; as root, a file
     someone else can change -> UntrustedFile (exit 5, polltuned.trust); unreadable by this user ->
     PermissionNeeded (exit 5)."""
-    from polltuned.trust import require_trusted
-
     require_trusted(path, what)
     try:
         text = path.read_text(encoding="utf-8")

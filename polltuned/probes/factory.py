@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from polltuned.clock import Clock
 from polltuned.errors import UsageError
-from polltuned.host.exec import Runner
+from polltuned.host.exec import Runner, SubprocessRunner
 from polltuned.host.fs import Host
 from polltuned.policy.schema import CommandProbe as CommandConfig
 from polltuned.policy.schema import Policy
@@ -15,6 +15,12 @@ from polltuned.policy.schema import SimProbe as SimConfig
 from polltuned.policy.schema import SockperfProbe as SockperfConfig
 from polltuned.policy.schema import TcpRttProbe as TcpRttConfig
 from polltuned.probes.base import Probe
+from polltuned.probes.command import CommandProbe
+from polltuned.probes.linkrate import with_link_rates
+from polltuned.probes.prometheus import PrometheusProbe
+from polltuned.probes.sim import make_sim_probe
+from polltuned.probes.sockperf import SockperfProbe
+from polltuned.probes.tcp_rtt import TcpRttProbe
 
 ProbeConfig = SockperfConfig | TcpRttConfig | PrometheusConfig | CommandConfig | SimConfig
 
@@ -39,7 +45,6 @@ def make_probe(
                   policy=policy, seed=seed)
     if policy is None or isinstance(cfg, SimConfig):
         return probe
-    from polltuned.probes.linkrate import with_link_rates
 
     return with_link_rates(probe, host, clock, policy.model_copy(update={"probe": cfg}))
 
@@ -59,30 +64,20 @@ def _make(
     def real_runner() -> Runner:
         if runner is not None:
             return runner
-        from polltuned.host.exec import SubprocessRunner
 
         return SubprocessRunner()
 
     if isinstance(cfg, SockperfConfig):
-        from polltuned.probes.sockperf import SockperfProbe
-
         return SockperfProbe(cfg, real_runner(), clock=clock, client_cpus=client_cpus, server_cpus=server_cpus)
     if isinstance(cfg, TcpRttConfig):
-        from polltuned.probes.tcp_rtt import TcpRttProbe
-
         return TcpRttProbe(cfg, clock=clock)
     if isinstance(cfg, PrometheusConfig):
-        from polltuned.probes.prometheus import PrometheusProbe
-
         return PrometheusProbe(cfg, clock=clock)
     if isinstance(cfg, CommandConfig):
-        from polltuned.probes.command import CommandProbe
-
         return CommandProbe(cfg, real_runner(), clock=clock)
     if isinstance(cfg, SimConfig):
         # polltuned.probes.sim belongs to the simulation engine; imported by name to keep the
         # dependency one-way and lazy.
-        from polltuned.probes.sim import make_sim_probe
 
         return make_sim_probe(cfg, host, clock=clock, policy=policy, seed=seed)
     raise UsageError(f"probe.kind: unknown probe {getattr(cfg, 'kind', cfg)!r}")

@@ -19,8 +19,10 @@ import logging
 from typing import Any, Protocol
 
 from polltuned.clock import Clock
+from polltuned.counters.sampler import Sampler
 from polltuned.errors import PolltunedError
 from polltuned.host.fs import Host
+from polltuned.metrics.window import rates
 from polltuned.policy.schema import Objective, Policy
 from polltuned.probes.base import Probe
 from polltuned.records import Window
@@ -71,8 +73,6 @@ class LinkRateProbe:
             self._warned = True
 
     def measure(self, duration_s: float, window_index: int) -> Window:
-        from polltuned.metrics.window import rates
-
         try:
             s0 = self._sampler.sample()
         except PolltunedError as e:
@@ -109,7 +109,6 @@ def with_link_rates(probe: Probe, host: Host, clock: Clock, policy: Policy) -> P
     nic = policy.nic_device
     if policy.probe.kind == "sim" or not (tp or dr) or nic is None:
         return probe
-    from polltuned.counters.sampler import Sampler
 
     return LinkRateProbe(probe, Sampler(host, clock=clock, nic=nic, families=("links",)), nic,
                          throughput=tp, drops=dr)

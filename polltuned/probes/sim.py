@@ -17,6 +17,7 @@ from polltuned.clock import Clock
 from polltuned.errors import PolltunedError
 from polltuned.host.fs import Host
 from polltuned.knobs.keys import knob_file
+from polltuned.knobs.registry import KnobRegistry
 from polltuned.policy.schema import Policy
 from polltuned.policy.schema import SimProbe as SimProbeConfig
 from polltuned.records import KnobValue, Window
@@ -29,8 +30,6 @@ class SimProbe:
 
     def __init__(self, host: Host, policy: Policy | None, scenario: str | Path | Scenario, seed: int = 0, *,
                  clock: Clock | None = None, knob_keys: Sequence[str] | None = None) -> None:
-        from polltuned.knobs.registry import KnobRegistry
-
         self.host = host
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(str(scenario))
         self.rng = np.random.default_rng(seed)

@@ -16,7 +16,7 @@ import numpy as np
 
 from polltuned.clock import Clock
 from polltuned.errors import HostError, ProbeError
-from polltuned.host.sockdiag import TcpSock
+from polltuned.host.sockdiag import SockDiag, TcpSock
 from polltuned.policy.schema import TcpRttProbe as TcpRttConfig
 from polltuned.records import Window
 
@@ -56,8 +56,6 @@ class TcpRttProbe:
 
     def start(self) -> None:
         if self._dump is None:
-            from polltuned.host.sockdiag import SockDiag
-
             diag = SockDiag(self.cfg.netns)
             self._diag = diag
             self._dump = diag.established_tcp
@@ -66,8 +64,6 @@ class TcpRttProbe:
         """Passive probe: the application's sockets are not ours to restart."""
 
     def close(self) -> None:
-        from polltuned.host.sockdiag import SockDiag
-
         if isinstance(self._diag, SockDiag):
             self._diag.close()
         self._diag = None

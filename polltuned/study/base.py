@@ -30,14 +30,12 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from polltuned.errors import PolltunedError
+from polltuned.histogram import HistogramError, LatencyHistogram
 from polltuned.policy.schema import Policy
 from polltuned.records import KnobValue
-
-if TYPE_CHECKING:
-    from polltuned.histogram import LatencyHistogram
 
 STUDY_VERSION = 1
 KINDS = ("session", "window", "trial", "end")
@@ -210,8 +208,6 @@ class Study:
         like the engine) in ``phases`` of ``session`` (None: all of this host's sessions): a
         deployment's p99 recomputed from all its requests (``.percentile_us(99)``). None when no
         such window kept a histogram."""
-        from polltuned.histogram import HistogramError, LatencyHistogram
-
         want = {k: str(v) for k, v in config.items()}
         total: LatencyHistogram | None = None
         for s in self.sessions():

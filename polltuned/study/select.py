@@ -18,10 +18,16 @@ from typing import Any
 
 from polltuned.clock import Clock
 from polltuned.errors import HostError, UsageError
+from polltuned.host.identity import class_fingerprint, host_id
+from polltuned.host.pgsql import connect_postgres
 from polltuned.policy.schema import Policy
 from polltuned.study.base import StoreUnavailable, Study, fingerprint
 from polltuned.study.config import StudyConfig, redact_dsn
+from polltuned.study.fleet import FleetStudy
+from polltuned.study.jsonl import JsonlStudy
+from polltuned.study.postgres import PostgresStudy
 from polltuned.study.sql import ClassRules
+from polltuned.study.sqlite import DB_NAME, SqliteStudy
 
 log = logging.getLogger("polltuned.study")
 
@@ -42,8 +48,6 @@ def studies_dir(state_dir: str | os.PathLike[str]) -> Path:
 
 def memory_study(policy: Policy) -> Study:
     """Records kept in memory only (benchmarks, tests)."""
-    from polltuned.study.jsonl import JsonlStudy
-
     return JsonlStudy(None, fingerprint(policy))
 
 
@@ -51,8 +55,6 @@ def open_local(state_dir: str | os.PathLike[str], policy: Policy, *, backend: st
                clock: Clock | None = None, host_id: str | None = None, class_key: str | None = None) -> Study:
     """The local store of ``policy`` under ``state_dir``: SQLite (default; imports an existing
     JSON-lines study once) or the JSON-lines file (``backend="jsonl"``)."""
-    from polltuned.study.jsonl import JsonlStudy
-    from polltuned.study.sqlite import DB_NAME, SqliteStudy
 
     fp = fingerprint(policy)
     d = studies_dir(state_dir)
@@ -103,16 +105,13 @@ def open_study(cfg: StudyConfig, state_dir: str | os.PathLike[str], policy: Poli
     ck = class_key(policy, class_fp)
     if cfg.backend != "postgresql":
         return open_local(state_dir, policy, backend=cfg.backend, clock=clock, host_id=host_id, class_key=ck)
-    from polltuned.study.fleet import FleetStudy
-    from polltuned.study.postgres import PostgresStudy
-    from polltuned.study.sqlite import SqliteStudy
 
     assert cfg.dsn is not None
     local = open_local(state_dir, policy, clock=clock, host_id=host_id, class_key=ck)
     assert isinstance(local, SqliteStudy)
     shown = redact_dsn(cfg.dsn)
     if connect is None:
-        from polltuned.host.pgsql import connect_postgres as connect
+        connect = connect_postgres
     remote: PostgresStudy | None = None
     fallback: str | None = None
     try:
@@ -131,8 +130,6 @@ def open_study(cfg: StudyConfig, state_dir: str | os.PathLike[str], policy: Poli
 def open_for_host(cfg: StudyConfig | None, state_dir: str | os.PathLike[str], policy: Policy, host: Any, *,
                   clock: Clock | None = None) -> Study:
     """``open_study`` with the class fingerprint and host id read from ``host`` (a polltuned.host Host)."""
-    from polltuned.host.identity import class_fingerprint, host_id
-
     cfg = cfg or StudyConfig()
     cfp = class_fingerprint(host, policy.nic, probe_target(policy))
     return open_study(cfg, state_dir, policy, class_fp=cfp, host_id=cfg.host_id or host_id(host), clock=clock)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from polltuned.errors import PolltunedError
+from polltuned.knobs.keys import key_suffix
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
 from polltuned.worlds.scenario import Scenario, to_window
@@ -76,8 +77,6 @@ KERNEL_DEFAULTS: dict[str, KnobValue] = {
 
 
 def default_value(key: str) -> KnobValue:
-    from polltuned.knobs.keys import key_suffix
-
     if key in KERNEL_DEFAULTS:
         return KERNEL_DEFAULTS[key]
     return KERNEL_DEFAULTS.get(key_suffix(key), 0)

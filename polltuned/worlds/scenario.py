@@ -48,6 +48,7 @@ import numpy as np
 from polltuned.errors import UsageError
 from polltuned.knobs.keys import key_suffix
 from polltuned.records import KnobValue, Window
+from polltuned.trust import require_trusted
 from polltuned.worlds import family
 from polltuned.worlds.helpers import knob, noisy
 
@@ -119,7 +120,6 @@ def load_scenario(name_or_path: str) -> Scenario:
         return _family_scenario(name_or_path)
     path = resolve_scenario_path(name_or_path)
     if path.resolve().parent != shipped_dir().resolve():  # a user's file: as root, only a root-owned one
-        from polltuned.trust import require_trusted
 
         require_trusted(path, "scenario")
     spec = importlib.util.spec_from_file_location(f"polltuned_scenario_{path.stem}", path)
