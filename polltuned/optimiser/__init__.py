@@ -7,8 +7,8 @@ is not proposed again. Because a window's reference level is revised when the ne
 window arrives, the engine may replace every observation at once with ``retell``.
 
 The registry :data:`OPTIMISERS` (name -> factory, heavy imports lazy) is the only list of
-optimisers; its names are :data:`polltuned.optimiser.names.OPTIMISER_NAMES` (a leaf module: the
-policy schema validates ``tuning.optimiser`` against it, the CLI offers them). The protocol and the
+optimisers; its names are :data:`polltuned.policy.names.OPTIMISER_NAMES` (a leaf module of the
+policy's vocabulary: the schema validates ``tuning.optimiser`` against it, the CLI offers them). The protocol and the
 shared history the backends build on are in :mod:`polltuned.optimiser.base`.
   * ``skopt``  — scikit-optimize GP: space-filling start over the whole space, trust regions that
     restart, global candidates in every acquisition, a safety filter on the model's upper bound;
@@ -19,7 +19,6 @@ shared history the backends build on are in :mod:`polltuned.optimiser.base`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from polltuned.errors import UsageError
 from polltuned.optimiser.base import (
@@ -30,11 +29,9 @@ from polltuned.optimiser.base import (
     Optimiser,
     Recommendation,
 )
-from polltuned.optimiser.names import OPTIMISER_NAMES
+from polltuned.optimiser.space import Space
+from polltuned.policy.names import OPTIMISER_NAMES
 from polltuned.records import KnobValue
-
-if TYPE_CHECKING:  # annotations only (see polltuned.optimiser.base)
-    from polltuned.optimiser.space import Space
 
 __all__ = ["OPTIMISERS", "OPTIMISER_NAMES", "Context", "CpuMeter", "History", "HistoryBookkeeping", "Optimiser",
            "Recommendation", "make_optimiser"]

@@ -6,15 +6,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
-
-if TYPE_CHECKING:  # annotations only: the space imports the policy schema, which imports the names
-    from polltuned.optimiser.space import Space
-
 
 #: a window's load context (signal name -> value, see records.Window.context)
 Context = Mapping[str, float]

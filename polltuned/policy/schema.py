@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polltuned.knobs.keys import KnobKey, host_device, parse_keys
-from polltuned.optimiser.names import OPTIMISER_NAMES
+from polltuned.policy.names import OPTIMISER_NAMES
 
 
 class _Strict(BaseModel):
@@ -232,7 +232,7 @@ class Tuning(_Strict):
     window_s: float = Field(5.0, gt=0, le=86_400, description="seconds (at most a day)")
     settle_s: float = Field(1.0, ge=0, le=86_400, description="seconds (at most a day)")
     repeats: int = Field(1, ge=1, le=20, strict=True, description="windows per trial")
-    optimiser: str = Field("skopt", description="an optimiser of polltuned.optimiser.names.OPTIMISER_NAMES")
+    optimiser: str = Field("skopt", description="an optimiser of polltuned.policy.names.OPTIMISER_NAMES")
     initial_points: int = Field(6, ge=1, strict=True)
     seed: int = Field(0, ge=0, le=2**32 - 1, strict=True)
     warm_start: bool = True
