@@ -10,8 +10,9 @@ import pytest
 from polltuned.clock import FakeClock
 from polltuned.errors import ProbeError
 from polltuned.host.exec import ExecResult
+from polltuned.host.sockperf_output import merge_results, parse_sockperf
 from polltuned.policy.schema import SockperfProbe as Cfg
-from polltuned.probes.sockperf import SockperfProbe, merge_results, parse_sockperf, result_to_window
+from polltuned.probes.sockperf import SockperfProbe, result_to_window
 
 FIX = Path(__file__).parent / "fixtures" / "sockperf"
 

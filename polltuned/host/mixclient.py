@@ -36,7 +36,7 @@ from typing import Any
 
 from polltuned.errors import ProbeError
 from polltuned.host.exec import SubprocessRunner
-from polltuned.probes.sockperf import merge_results, parse_sockperf
+from polltuned.host.sockperf_output import merge_results, parse_sockperf
 
 MAX_DURATION_S = 600.0
 CLIENT_GRACE_S = 20.0
