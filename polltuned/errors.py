@@ -16,9 +16,9 @@ class ExitCode(enum.IntEnum):
     USAGE = 2            # bad input: policy/config/CLI value invalid
     DIRTY = 3            # host still carries polltuned values (status/rollback --if-dirty)
     UNSUPPORTED = 4      # capability missing on this host
-    PERMISSION = 5       # needs root / CAP_NET_ADMIN
-    LOCKED = 6           # another instance holds the lock
-    JOURNAL = 7          # journal corrupt or unreadable
+    PERMISSION = 5       # needs root / CAP_NET_ADMIN; as root: an untrusted (non-root-writable) file
+    LOCKED = 6           # another instance holds the lock, or a daemon owns the host (apply/rollback)
+    JOURNAL = 7          # journal corrupt, unreadable, unverified (host state unknown) or not writable
     PROBE = 8            # measurement failed
 
 
