@@ -65,6 +65,8 @@ def test_window_with_an_outside_write_is_discarded() -> None:
     env2.apply({"net.core.busy_poll": 50})
     w = env2.measure(0)
     assert not w.ok and "changed outside polltuned" in (w.error or "") and "net.core.busy_poll 50 -> 7" in w.error
+    env2.probe.outside = None  # type: ignore[attr-defined]
+    assert env2.measure(1).ok  # only the window the change fell in is discarded
     # written between the apply and the window: discarded too
     act3 = _Act()
     env3 = HostEnv(pol, act3, _Probe(act3), clock=FakeClock())

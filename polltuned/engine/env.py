@@ -147,6 +147,9 @@ class HostEnv:
                    or (start is not None and k in start and start[k] != before[k])]
         if not changed:
             return w
+        # only the window the change fell in is discarded: later ones measure the host as it now is
+        # (HOLD's watcher releases or re-applies the knob)
+        self._written = after
         what = ", ".join(f"{k} {before[k]!r} -> {after.get(k)!r}" for k in changed)
         log.warning("window discarded: changed outside polltuned while measuring: %s", what)
         return Window.failed(f"changed outside polltuned while measuring ({what}): window discarded",
