@@ -45,10 +45,13 @@ class Optimiser(Protocol):
     def set_noise(self, sd: float) -> None:
         """The measured window-to-window standard deviation of y (from the reference windows)."""
         ...
-    def best(self) -> Recommendation | None: ...
-    def candidate(self) -> Recommendation | None:
+    def best(self, *, context: Context | None = None) -> Recommendation | None:
+        """The recommendation; ``context``: for the load given (a contextual backend's posterior
+        at that context; others ignore it)."""
+        ...
+    def candidate(self, *, context: Context | None = None) -> Recommendation | None:
         """The configuration worth confirming against the baseline: the best evaluated one that
-        is not the baseline (None when there is none)."""
+        is not the baseline (None when there is none); ``context`` as for ``best``."""
         ...
     def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]: ...
     @property
@@ -150,10 +153,10 @@ class HistoryBookkeeping:
     def set_noise(self, sd: float) -> None:
         return None
 
-    def best(self) -> Recommendation | None:
+    def best(self, *, context: Context | None = None) -> Recommendation | None:
         return self.hist.best_observed()
 
-    def candidate(self) -> Recommendation | None:
+    def candidate(self, *, context: Context | None = None) -> Recommendation | None:
         return self.hist.best_observed(exclude=self.baseline_key())
 
     def baseline_key(self) -> str | None:

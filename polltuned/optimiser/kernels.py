@@ -101,3 +101,41 @@ def additive_plus_full(groups: Sequence[tuple[int, ...]], width: int, noise_leve
     full = Matern(length_scale=np.ones(width), length_scale_bounds=(0.05, 1.0), nu=2.5)
     body = ConstantKernel(1.0, (0.01, 1000.0)) * additive + ConstantKernel(0.3, (1e-3, 1000.0)) * full
     return Sum(body, WhiteKernel(noise_level=noise_level, noise_level_bounds=noise_bounds))
+
+
+#: the two ways the contextual surrogate J(knobs, context) combines knobs and context
+CONTEXT_KERNELS = ("product", "sum")
+
+
+def contextual(groups: Sequence[tuple[int, ...]], width: int, ctx_cols: tuple[int, ...], noise_level: float,
+               noise_bounds: tuple[float, float], mode: str = "product") -> Any:
+    """The surrogate's kernel over knobs (columns ``0..width-1``) plus context columns ``ctx_cols``.
+
+    * ``"product"``: ``(C_a x sum_knob Matern + C_f x Matern(knobs)) x Matern(context, ARD)`` — a
+      knob's effect is shared between loads only as far as the context's length scale says (a long
+      learnt length scale: the context does not matter; a short one: each load has its own optimum);
+    * ``"sum"``: the additive part over the knobs as without context, and the full ARD Matern over
+      the knobs *and* the context dimensions (only the interaction part sees the load).
+    """
+    from sklearn.gaussian_process.kernels import ConstantKernel, Matern
+    from skopt.learning.gaussian_process.kernels import Sum, WhiteKernel
+
+    if mode not in CONTEXT_KERNELS:
+        raise ValueError(f"context kernel {mode!r}: choose one of {', '.join(CONTEXT_KERNELS)}")
+    knob_cols = tuple(range(width))
+    parts = [OnColumns(Matern(length_scale=np.ones(len(g)), length_scale_bounds=(0.05, 1.0), nu=2.5), g)
+             for g in groups]
+    additive: Any = parts[0]
+    for p in parts[1:]:
+        additive = additive + p
+    if mode == "product":
+        full = OnColumns(Matern(length_scale=np.ones(width), length_scale_bounds=(0.05, 1.0), nu=2.5), knob_cols)
+        knobs = ConstantKernel(1.0, (0.01, 1000.0)) * additive + ConstantKernel(0.3, (1e-3, 1000.0)) * full
+        ctx = OnColumns(Matern(length_scale=np.ones(len(ctx_cols)), length_scale_bounds=(0.05, 20.0), nu=2.5),
+                        ctx_cols)
+        body = knobs * ctx
+    else:
+        cols = knob_cols + tuple(ctx_cols)
+        full = OnColumns(Matern(length_scale=np.ones(len(cols)), length_scale_bounds=(0.05, 20.0), nu=2.5), cols)
+        body = ConstantKernel(1.0, (0.01, 1000.0)) * additive + ConstantKernel(0.3, (1e-3, 1000.0)) * full
+    return Sum(body, WhiteKernel(noise_level=noise_level, noise_level_bounds=noise_bounds))

@@ -29,7 +29,23 @@ Proposals, in order:
 ``best()`` is the evaluated configuration with the lowest posterior mean + ``rec_kappa`` sd (a
 configuration seen once in a lucky window does not beat one measured repeatedly). Bounded cost:
 the GP is fitted on at most ``max_fit_points`` observations (the best half and the most recent
-half), acquisition scores ~1000 candidates, BLAS is capped at one thread (threadpoolctl).
+half), acquisition scores ~1000 candidates, BLAS is capped at one thread (threadpoolctl); past
+``refit_after`` observations the hyper-parameters are re-optimised only every ``refit_every`` tells
+(between them the GP is refitted with the last hyper-parameters), so a daemon that keeps telling
+for days pays a bounded cost per step.
+
+**Context (J(knobs, context))**: once observations come with a context (``tell(..., context=)``:
+the load a window saw, records.Window.context), the surrogate's input is the encoded knobs plus one
+column per context signal: ``log1p(value)`` centred on the span of the told contexts, the span at
+least ``log(2)`` (a 10 % wobble of a rate is not "another load"), unknown signals in the middle.
+The kernel is ``context_kernel`` (polltuned.optimiser.kernels.contextual: ``"product"`` by
+default — the knob kernel times a Matern over the context, measured better than ``"sum"`` on the
+moving-load family, see benchmarks/tuner_quality.py --horizon). Every acquisition, ``best``,
+``candidate``, the endgame and ``simplify`` then work at the context given (or the last one seen):
+the knobs are optimised with the context fixed; "evaluated", "seen n times" and "too close to an
+evaluated configuration" count only windows whose context was within ``ctx_near`` (unit distance)
+of it, so the configuration that was best at another load can be measured again at this one.
+Without any context told, every step is exactly the context-free path above.
 """
 
 from __future__ import annotations
@@ -42,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from polltuned.optimiser.base import Context, CpuMeter, History, HistoryBookkeeping, Recommendation
-from polltuned.optimiser.kernels import additive_plus_full
+from polltuned.optimiser.kernels import CONTEXT_KERNELS, additive_plus_full, contextual
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
 
@@ -52,7 +68,10 @@ class SkoptOptimiser(HistoryBookkeeping):
 
     def __init__(self, space: Space, baseline: Mapping[str, KnobValue], *, seed: int,
                  initial_points: int = 6, safety_limit: float | None = None,
-                 max_fit_points: int = 80, n_candidates: int = 1000) -> None:
+                 max_fit_points: int = 80, n_candidates: int = 1000, context_kernel: str = "product",
+                 refit_every: int = 5, refit_after: int = 60) -> None:
+        if context_kernel not in CONTEXT_KERNELS:
+            raise ValueError(f"context_kernel {context_kernel!r}: choose one of {', '.join(CONTEXT_KERNELS)}")
         self.space = space
         self.hist = History(space)
         self.rng = np.random.default_rng(seed)
@@ -85,6 +104,16 @@ class SkoptOptimiser(HistoryBookkeeping):
         self._model_sig: tuple[int, float] = (-1, -1.0)
         self._bad: list[np.ndarray] = []
         self._body_theta: np.ndarray | None = None
+        # context (see the module docstring): one dict per told observation, parallel to hist.order
+        self.context_kernel = context_kernel
+        self.refit_every = refit_every
+        self.refit_after = refit_after
+        self.ctx_min_span = math.log(2.0)
+        self.ctx_near = 0.25
+        self._ctxs: list[dict[str, float]] = []
+        self._ctx_now: dict[str, float] = {}
+        self._bad_ctx: list[dict[str, float]] = []
+        self._since_refit = 0
         base = self._base_key
         n_design = max(initial_points, min(len(space.dims) + 4, 10))
         self._seeds = space.seed_configs(self.baseline)
@@ -100,6 +129,8 @@ class SkoptOptimiser(HistoryBookkeeping):
             pending: Sequence[Mapping[str, KnobValue]] = (), *,
             context: Context | None = None) -> dict[str, KnobValue]:
         busy = {self.space.key_of(p) for p in pending}
+        if context:
+            self._ctx_now = _clean(context)
         with self._cpu, _one_blas_thread():
             while self._design:
                 c = self._design.pop(0)
@@ -122,8 +153,14 @@ class SkoptOptimiser(HistoryBookkeeping):
             first = k not in self.hist.entries
             prev_best = self._best_mean()
             self.hist.add(config, y)
+            c = _clean(context) if context else {}
+            self._ctxs.append(c)
+            if c:
+                self._ctx_now = c
+            self._since_refit += 1
             if self.safety_limit is not None and y >= self.safety_limit:
                 self._bad.append(self.space.encode(config))
+                self._bad_ctx.append(c)
             if first and prev_best is not None and k != self._base_key:
                 self._trust_region_update(y < prev_best - self.min_gain)
 
@@ -131,43 +168,55 @@ class SkoptOptimiser(HistoryBookkeeping):
                contexts: Sequence[Context | None] | None = None) -> None:
         with self._cpu:
             self.hist.reset()
-            for c, y in observations:
+            self._ctxs = []
+            cs: Sequence[Context | None] = contexts if contexts is not None else [None] * len(observations)
+            if len(cs) != len(observations):
+                raise ValueError(f"retell: {len(cs)} contexts for {len(observations)} observations")
+            for (c, y), cx in zip(observations, cs):
                 self.hist.add(c, y)
+                self._ctxs.append(_clean(cx) if cx else {})
+            last = next((c for c in reversed(self._ctxs) if c), None)
+            if last is not None:
+                self._ctx_now = last
 
     def set_noise(self, sd: float) -> None:
         if math.isfinite(sd) and sd > 0:
             self.noise_sd = float(sd)
 
-    def best(self) -> Recommendation | None:
+    def best(self, *, context: Context | None = None) -> Recommendation | None:
         if len(self.hist.entries) < 3:
             return self.hist.best_observed()
         with self._cpu, _one_blas_thread():
-            keys, mu, sd = self._posterior_at_observed()
+            keys, mu, sd = self._posterior_at_observed(context)
+            ys_of = self._ys_of(context)
         sc = mu + self.rec_kappa * sd
         # where the model cannot tell configurations apart (within 0.01), the one whose own
         # windows are best by their upper bound (mean + rec_kappa x noise / sqrt n) wins
         near = [i for i in range(len(keys)) if sc[i] <= float(np.min(sc)) + 0.01]
-        i = min(near, key=lambda j: self._upper(self.hist.entries[keys[j]].ys))
+        i = min(near, key=lambda j: self._upper_or(ys_of(keys[j]), float(sc[j])))
         e = self.hist.entries[keys[i]]
-        return Recommendation(dict(e.config), float(mu[i]), float(np.mean(e.ys)), len(e.ys))
+        ys = ys_of(keys[i]) or e.ys
+        return Recommendation(dict(e.config), float(mu[i]), float(np.mean(ys)), len(ys))
 
-    def candidate(self) -> Recommendation | None:
+    def candidate(self, *, context: Context | None = None) -> Recommendation | None:
         """The configuration to confirm: the evaluated non-baseline configuration with the lowest
         posterior mean + ``cand_kappa`` sd (less cautious than ``best``: the interleaved
         confirmation that follows is the safety net, the search's pick only nominates)."""
         if len(self.hist.entries) < 3:
             return self.hist.best_observed(exclude=self._base_key)
         with self._cpu, _one_blas_thread():
-            keys, mu, sd = self._posterior_at_observed()
+            keys, mu, sd = self._posterior_at_observed(context)
+            ys_of = self._ys_of(context)
         idx = [i for i, k in enumerate(keys) if k != self._base_key]
         if not idx:
             return None
         sc = {i: float(mu[i] + self.cand_kappa * sd[i]) for i in idx}
         lo = min(sc.values())
         near = [i for i in idx if sc[i] <= lo + 0.01]
-        i = min(near, key=lambda j: self._upper(self.hist.entries[keys[j]].ys))
+        i = min(near, key=lambda j: self._upper_or(ys_of(keys[j]), sc[j]))
         e = self.hist.entries[keys[i]]
-        return Recommendation(dict(e.config), float(mu[i]), float(np.mean(e.ys)), len(e.ys))
+        ys = ys_of(keys[i]) or e.ys
+        return Recommendation(dict(e.config), float(mu[i]), float(np.mean(ys)), len(ys))
 
     def baseline_key(self) -> str | None:
         return self._base_key
@@ -184,7 +233,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         with self._cpu, _one_blas_thread():
             model = self._fit()
             cur = self.space.canonical(config)
-            m0, s0 = model.predict(self.space.encode(cur)[None, :], return_std=True)
+            m0, s0 = model.predict(self._X([cur]), return_std=True)
             limit = float(m0[0] + s0[0]) + tol
             while True:
                 trials = [self.space.canonical({**cur, k: self.baseline[k]}) for k in self.space.keys
@@ -192,7 +241,7 @@ class SkoptOptimiser(HistoryBookkeeping):
                 trials = [c for c in trials if self.space.key_of(c) != self._base_key]
                 if not trials:
                     break
-                mu, sd = model.predict(np.array([self.space.encode(c) for c in trials]), return_std=True)
+                mu, sd = model.predict(self._X(trials), return_std=True)
                 ub = mu + sd
                 j = int(np.argmin(ub))
                 if float(ub[j]) > limit:
@@ -260,6 +309,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         sig = (n, self.noise_sd)
         if self._model is not None and self._model_sig == sig and not lies:
             return self._model
+        ctx = self._contextual()
         from skopt.learning import GaussianProcessRegressor
 
 
@@ -270,19 +320,33 @@ class SkoptOptimiser(HistoryBookkeeping):
             keep = {i for i, _ in best}
             recent = [t for t in reversed(obs) if t[0] not in keep][: self.max_fit_points - half]
             obs = sorted(best + recent)
-        X = [self.space.encode(self.hist.entries[k].config) for _, (k, _) in obs]
         y = [v for _, (_, v) in obs]
-        for c, v in lies:
-            X.append(self.space.encode(c))
-            y.append(v)
-        Xa = np.array(X)
+        if ctx:
+            scale = self._ctx_scale()
+            rows = [np.concatenate([self.space.encode(self.hist.entries[k].config),
+                                    self._ctx_unit(self._ctxs[i], scale)]) for i, (k, _) in obs]
+            now = self._ctx_unit(self._ctx_now, scale)
+            rows += [np.concatenate([self.space.encode(c), now]) for c, _ in lies]
+            y += [v for _, v in lies]
+            Xa = np.array(rows)
+        else:
+            X = [self.space.encode(self.hist.entries[k].config) for _, (k, _) in obs]
+            for c, v in lies:
+                X.append(self.space.encode(c))
+                y.append(v)
+            Xa = np.array(X)
         ya = np.array(y)
         var = float(np.var(ya)) if len(ya) > 1 else 1.0
         # the measured noise, in the units of the normalised y the GP fits
         nl = float(np.clip(self.noise_sd ** 2 / max(var, 1e-6), 1e-4, 4.0))
         nb = (nl / 4.0, min(nl * 4.0, 10.0))
         groups = [tuple(range(d.offset, d.offset + d.width)) for d in self.space.dims]
-        kernel = additive_plus_full(groups, self.space.width, nl, nb)
+        if ctx:
+            w = self.space.width
+            cols = tuple(range(w, w + len(self._ctx_keys())))
+            kernel = contextual(groups, w, cols, nl, nb, self.context_kernel)
+        else:
+            kernel = additive_plus_full(groups, self.space.width, nl, nb)
         # warm start: the hyper-parameters start where the last fit ended (one L-BFGS run instead of
         # restarts from scratch keeps a step well under 0.3 s at 100 observations)
         prev = self._body_theta
@@ -290,8 +354,14 @@ class SkoptOptimiser(HistoryBookkeeping):
         if prev is not None and warm:
             b = kernel.k1.bounds
             kernel.k1.theta = np.clip(prev, b[:, 0], b[:, 1])
+        # a long horizon: past refit_after observations, re-optimise the hyper-parameters only every
+        # refit_every tells (in between: the GP refitted with the last ones, no L-BFGS)
+        frozen = warm and n > self.refit_after and self._since_refit < self.refit_every
+        extra: dict[str, Any] = {"optimizer": None} if frozen else {}
+        if not frozen and not lies:
+            self._since_refit = 0
         gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, noise="gaussian",
-                                      n_restarts_optimizer=0 if warm else 1, random_state=self.seed)
+                                      n_restarts_optimizer=0 if warm else 1, random_state=self.seed, **extra)
         import warnings
 
         with warnings.catch_warnings():
@@ -303,12 +373,83 @@ class SkoptOptimiser(HistoryBookkeeping):
             self._model_sig = sig
         return gp
 
-    def _posterior_at_observed(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+    def _posterior_at_observed(self, context: Context | None = None) -> tuple[list[str], np.ndarray, np.ndarray]:
         model = self._fit()
         keys = list(self.hist.entries)
-        X = np.array([self.space.encode(self.hist.entries[k].config) for k in keys])
+        X = self._X([self.hist.entries[k].config for k in keys], context)
         mu, sd = model.predict(X, return_std=True)
         return keys, np.asarray(mu), np.asarray(sd)
+
+    # ------------------------------------------------------------------ context
+    def _contextual(self) -> bool:
+        return any(self._ctxs)
+
+    def _ctx_keys(self) -> list[str]:
+        keys: set[str] = set()
+        for c in self._ctxs:
+            keys.update(c)
+        return sorted(keys)
+
+    def _ctx_scale(self) -> dict[str, tuple[float, float]]:
+        """signal -> (centre, span) of log1p(value) over the told contexts (span >= ctx_min_span)."""
+        out: dict[str, tuple[float, float]] = {}
+        for k in self._ctx_keys():
+            zs = [math.log1p(c[k]) for c in self._ctxs if k in c]
+            lo, hi = min(zs), max(zs)
+            out[k] = ((lo + hi) / 2.0, max(hi - lo, self.ctx_min_span))
+        return out
+
+    def _ctx_unit(self, ctx: Mapping[str, float], scale: Mapping[str, tuple[float, float]]) -> np.ndarray:
+        out = np.full(len(scale), 0.5)
+        for j, (k, (centre, span)) in enumerate(scale.items()):
+            v = ctx.get(k)
+            if v is not None:
+                out[j] = 0.5 + (math.log1p(v) - centre) / span
+        return out
+
+    def _query_ctx(self, context: Context | None) -> dict[str, float]:
+        return _clean(context) if context else self._ctx_now
+
+    def _X(self, configs: Sequence[Mapping[str, KnobValue]], context: Context | None = None) -> np.ndarray:
+        """Model inputs for ``configs`` at ``context`` (default: the last one seen)."""
+        X = np.array([self.space.encode(c) for c in configs]) if configs else np.zeros((0, self.space.width))
+        if not self._contextual():
+            return X
+        u = self._ctx_unit(self._query_ctx(context), self._ctx_scale())
+        return np.hstack([X, np.tile(u, (len(X), 1))])
+
+    def _near_mask(self, context: Context | None) -> list[bool]:
+        """Per told observation: was its context within ``ctx_near`` of ``context``? (all True
+        without context)."""
+        if not self._contextual():
+            return [True] * len(self.hist.order)
+        scale = self._ctx_scale()
+        u = self._ctx_unit(self._query_ctx(context), scale)
+        return [float(np.max(np.abs(self._ctx_unit(c, scale) - u), initial=0.0)) <= self.ctx_near
+                for c in self._ctxs]
+
+    def _ys_of(self, context: Context | None) -> Any:
+        """key -> the ys observed near ``context`` (every y of the key without context)."""
+        if not self._contextual():
+            return lambda k: self.hist.entries[k].ys
+        near: dict[str, list[float]] = {}
+        for (k, y), m in zip(self.hist.order, self._near_mask(context)):
+            if m:
+                near.setdefault(k, []).append(y)
+        return lambda k: near.get(k, [])
+
+    def _bad_near(self) -> list[np.ndarray]:
+        """Configurations that broke the guard at a context near the current one (all of them
+        without context)."""
+        if not self._contextual():
+            return list(self._bad)
+        scale = self._ctx_scale()
+        u = self._ctx_unit(self._ctx_now, scale)
+        return [b for b, c in zip(self._bad, self._bad_ctx)
+                if float(np.max(np.abs(self._ctx_unit(c, scale) - u), initial=0.0)) <= self.ctx_near]
+
+    def _upper_or(self, ys: Sequence[float], fallback: float) -> float:
+        return self._upper(ys) if ys else fallback + 1.0
 
     def _upper(self, ys: Sequence[float]) -> float:
         return float(np.mean(ys)) + self.rec_kappa * self.noise_sd / math.sqrt(len(ys))
@@ -323,13 +464,15 @@ class SkoptOptimiser(HistoryBookkeeping):
         """Re-measure the most promising evaluated configurations (robust order), never the
         baseline (the reference windows measure it anyway)."""
         keys, mu, sd = self._posterior_at_observed()
+        ys_of = self._ys_of(None)
         order = np.argsort(mu + self.rec_kappa * sd)
         for i in order[:3]:
             k = keys[int(i)]
             e = self.hist.entries[k]
             if k == self._base_key or k in busy:
                 continue
-            if len(e.ys) < self.exploit_cap and (self.safety_limit is None or float(mu[int(i)]) < self.safety_limit):
+            safe = self.safety_limit is None or float(mu[int(i)]) < self.safety_limit
+            if len(ys_of(k)) < self.exploit_cap and safe:
                 return dict(e.config)
         return None
 
@@ -347,29 +490,34 @@ class SkoptOptimiser(HistoryBookkeeping):
         cands = self._tr_samples(self.space.encode(inc), self.n_candidates - n_glob, self.length)
         cands += self.space.sample_uniform(self.rng, n_glob)
         cands += [s for s in self._seeds if self.hist.seen(s) == 0]
+        ys_of = self._ys_of(None)
         uniq: dict[str, dict[str, KnobValue]] = {}
         for c in cands:
             k = self.space.key_of(c)
             if k in self.hist.failed or k in busy:
                 continue
             e = self.hist.entries.get(k)
-            if e is not None and len(e.ys) >= 3:
+            if e is not None and len(ys_of(k)) >= 3:
                 continue
             uniq[k] = c
         pool = list(uniq.values())
-        X = np.array([self.space.encode(c) for c in pool]) if pool else np.zeros((0, self.space.width))
-        if len(pool) and self.hist.entries:
+        X = self._X(pool)
+        w = self.space.width
+        # with context, "evaluated" and "broke the guard" mean: at a context near this one
+        evaluated = [e.config for k, e in self.hist.entries.items() if ys_of(k)]
+        if len(pool) and evaluated:
             # a new proposal is a real move: nothing within min_move of an evaluated configuration
             # (re-measuring one is the endgame's job, not the acquisition's)
-            E = np.array([self.space.encode(e.config) for e in self.hist.entries.values()])
-            dmin = np.min(np.linalg.norm(X[:, None, :] - E[None, :, :], axis=2), axis=1)
+            E = np.array([self.space.encode(c) for c in evaluated])
+            dmin = np.min(np.linalg.norm(X[:, None, :w] - E[None, :, :], axis=2), axis=1)
             keep = dmin >= self.min_move
             if keep.any():
                 pool = [c for c, kp in zip(pool, keep) if kp]
                 X = X[keep]
-        if self._bad and len(pool):
-            B = np.array(self._bad)
-            dmin = np.min(np.linalg.norm(X[:, None, :] - B[None, :, :], axis=2), axis=1)
+        bad = self._bad_near()
+        if bad and len(pool):
+            B = np.array(bad)
+            dmin = np.min(np.linalg.norm(X[:, None, :w] - B[None, :, :], axis=2), axis=1)
             keep = dmin >= self.bad_radius
             pool = [c for c, kp in zip(pool, keep) if kp]
             X = X[keep]
@@ -416,3 +564,16 @@ class _one_blas_thread:
     def __exit__(self, *exc: object) -> None:
         if self._ctx is not None:
             self._ctx.restore_original_limits()
+
+
+def _clean(context: Context) -> dict[str, float]:
+    """Finite, non-negative context values only (a signal the window could not compute is absent)."""
+    out: dict[str, float] = {}
+    for k, v in context.items():
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(f):
+            out[str(k)] = max(f, 0.0)
+    return dict(sorted(out.items()))
