@@ -409,3 +409,172 @@ def parse_name(name: str) -> tuple[int, int] | None:
         raise UsageError(f"scenario {name!r}: a family landscape is named family:SEED:INDEX with two "
                          "non-negative integers", hint="e.g. family:1:3")
     return int(parts[0]), int(parts[1])
+
+
+# ---------------------------------------------------------------- the moving-load family
+MOVING_PREFIX = "family-moving:"
+#: the moving-load family's own stream (the stationary family above is unchanged by it)
+_STREAM_MOVING = 0x6D6F7665
+#: the schedule is drawn this far (windows); it repeats after that
+SCHEDULE_WINDOWS = 2000
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load level of a moving landscape, as the counters would see it (the context)."""
+
+    label: str
+    offered_rate: float       # requests/s (open loop: does not depend on the knobs)
+    flows: float              # active connections on the service
+    runnable_others: float    # other runnable tasks on the application's CPUs
+
+
+@dataclass(frozen=True)
+class MovingLandscape:
+    """A world whose load moves between 2-3 levels in phases of random length, and whose optimum
+    moves with it. The loads (drawn per landscape, deterministic):
+
+    * ``quiet``: few flows, the application alone on its CPUs; busy polling pays (a gain of
+      20-90 %, as in the stationary family's busy-polling worlds, never colocated);
+    * ``shared``: more flows and 1-2 other runnable tasks on the application's CPUs: the same
+      world with colocation — busy polling's gain mostly gone and, above a random busy value, the
+      poller delays the peer by 1-3 µs per µs (seeds 000/004: the poller must yield);
+    * ``burst`` (half of the landscapes): a high request rate alone on the CPUs: another draw of
+      the busy-polling curve (threshold, sharpness, CPU cost) and IRQ deferral that hurts less and
+      saves more CPU (published IRQ-suspension results flip with the rate).
+
+    Phases last ``U(min_phase, max_phase)`` windows (25-90), each a different load than the one
+    before, so 300 windows see at least 3 changes. ``measure`` returns the context as
+    ``context:offered_rate`` (lognormal noise ``ctx_cv``), ``context:flows`` and
+    ``context:runnable_others`` (exact); ``expected_at``/``load_at`` give the load of a window,
+    ``expected`` the load of window ``HORIZON - 1`` (the last of a 300-window horizon)."""
+
+    family_seed: int
+    index: int
+    loads: tuple[Load, ...]
+    phases: tuple[Phase, ...]           # parallel to loads
+    starts: tuple[int, ...]             # first window of each segment (starts[0] == 0)
+    segment_load: tuple[int, ...]       # load index of each segment
+    noise: Noise
+    ctx_cv: float
+
+    HORIZON = 300
+
+    @property
+    def name(self) -> str:
+        return f"{MOVING_PREFIX}{self.family_seed}:{self.index}"
+
+    @property
+    def nonstationary(self) -> bool:
+        return True
+
+    def load_index(self, window: int) -> int:
+        import bisect
+
+        w = max(0, int(window)) % SCHEDULE_WINDOWS
+        return self.segment_load[bisect.bisect_right(self.starts, w) - 1]
+
+    def load_at(self, window: int) -> str:
+        return self.loads[self.load_index(window)].label
+
+    def changes(self, horizon: int = HORIZON) -> list[int]:
+        """Windows (< horizon) at which the load changes."""
+        return [s for s in self.starts[1:] if s < horizon]
+
+    def expected_at(self, config: Mapping[str, KnobValue], window: int) -> dict[str, float]:
+        return _landscape_one(self.phases[self.load_index(window)], config)
+
+    def expected(self, config: Mapping[str, KnobValue]) -> dict[str, float]:
+        return self.expected_at(config, self.HORIZON - 1)
+
+    def measure(self, config: Mapping[str, KnobValue], rng: np.random.Generator,
+                window: int = 0) -> dict[str, float]:
+        i = self.load_index(window)
+        ph, ld = self.phases[i], self.loads[i]
+        e = _landscape_one(ph, config)
+        act = float(_activity(ph.busy, *_busy_values(config)))
+        n = self.noise
+        cv = n.cv * (1.0 - n.busy_relief * act)
+        x = float(rng.uniform(1.3, n.outlier_x_max))
+        p99 = noisy(rng, e["p99_us"], cv, n.outlier_p, x)
+        p50 = noisy(rng, e["p50_us"], cv * 0.5, 0.0)
+        cpu = noisy(rng, e["cpu_cores"], n.cpu_cv, 0.0)
+        rate = ld.offered_rate * math.exp(float(rng.normal(0.0, self.ctx_cv)))
+        return {"p99_us": p99, "p50_us": min(p50, p99), "cpu_cores": cpu, "context:offered_rate": rate,
+                "context:flows": ld.flows, "context:runnable_others": ld.runnable_others}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "loads": [asdict(ld) for ld in self.loads],
+                "changes": self.changes(), "segment_load": list(self.segment_load[:12]),
+                "noise": _finite(asdict(self.noise)), "ctx_cv": self.ctx_cv,
+                "phases": [_finite(asdict(p)) for p in self.phases]}
+
+    def summary(self) -> str:
+        parts = []
+        for ld, ph in zip(self.loads, self.phases):
+            b = ph.busy
+            what = f"busy gain {b.gain:.0%} via {b.mode}" + (f", colocated above {b.coloc_start_us:.0f} µs"
+                                                             if b.coloc else "")
+            parts.append(f"{ld.label} ({ld.offered_rate:.0f} req/s, {ld.flows:.0f} flows, "
+                         f"{ld.runnable_others:.0f} other runnable: {what})")
+        return (f"moving-load landscape {self.index} of family {self.family_seed}: " + "; ".join(parts)
+                + f"; load changes at windows {', '.join(str(c) for c in self.changes())}")
+
+
+def _landscape_one(ph: Phase, config: Mapping[str, KnobValue]) -> dict[str, float]:
+    br, bp = _busy_values(config)
+    p99, p50, cpu = _model(ph, _a(br), _a(bp), _a(knob(config, "net.core.gro_normal_batch", 8)),
+                           _a(knob(config, "kernel.timer_migration", 1)),
+                           _a(knob(config, "gro_flush_timeout", 0)), _a(knob(config, "napi_defer_hard_irqs", 0)))
+    return {"p99_us": float(p99), "p50_us": float(p50), "cpu_cores": float(cpu)}
+
+
+def make_moving_landscape(family_seed: int, index: int, *, min_phase: int = 25,
+                          max_phase: int = 90) -> MovingLandscape:
+    """Moving-load landscape ``index`` of family ``family_seed`` (both >= 0); deterministic."""
+    if family_seed < 0 or index < 0:
+        raise UsageError(f"moving-load landscape: seed and index must be >= 0 (got seed={family_seed}, "
+                         f"index={index})")
+    rng = np.random.default_rng(np.random.SeedSequence([_STREAM_MOVING, family_seed, index]))
+    quiet = _draw_phase(rng, False)
+    quiet = replace(quiet, busy=replace(quiet.busy, coloc=False, gain=_u(rng, 0.2, 0.9)))
+    # the shared load: the same world with another task runnable on the application's CPU
+    shared_busy = replace(quiet.busy, coloc=True, gain=quiet.busy.gain * _u(rng, 0.05, 0.4),
+                          coloc_start_us=_logu(rng, 2.0, 30.0), coloc_us_per_us=_u(rng, 1.0, 3.0))
+    shared = replace(quiet, busy=shared_busy, base_p99_us=quiet.base_p99_us * _logu(rng, 1.2, 3.0),
+                     base_cpu=quiet.base_cpu * _u(rng, 1.0, 1.5))
+    rate0 = _logu(rng, 2_000.0, 50_000.0)
+    flows0 = float(rng.integers(1, 5))
+    loads = [Load("quiet", rate0, flows0, 0.0),
+             Load("shared", rate0 * _logu(rng, 1.5, 4.0), flows0 * float(rng.integers(2, 9)),
+                  float(rng.integers(1, 3)))]
+    phases = [quiet, shared]
+    if rng.random() < 0.5:
+        b = _draw_busy(rng, False, coloc=False)
+        d = replace(quiet.defer, hurt_min=_u(rng, 0.0, 0.1), hurt_max=_logu(rng, 0.05, 0.5),
+                    cpu_save=_u(rng, 0.3, 0.9))
+        burst = replace(quiet, busy=b, defer=d, base_p99_us=quiet.base_p99_us * _logu(rng, 0.7, 2.0),
+                        base_cpu=quiet.base_cpu * _u(rng, 1.5, 3.0))
+        loads.append(Load("burst", rate0 * _logu(rng, 5.0, 20.0), flows0 * float(rng.integers(4, 17)), 0.0))
+        phases.append(burst)
+    noise = Noise(cv=_logu(rng, 0.05, 0.3), busy_relief=_u(rng, 0.0, 0.6), outlier_p=_u(rng, 0.02, 0.06),
+                  outlier_x_max=_u(rng, 1.3, 2.0), cpu_cv=_u(rng, 0.01, 0.05))
+    starts = [0]
+    seg = [int(rng.integers(len(loads)))]
+    while starts[-1] < SCHEDULE_WINDOWS:
+        starts.append(starts[-1] + int(rng.integers(min_phase, max_phase + 1)))
+        nxt = int(rng.integers(len(loads) - 1))
+        seg.append(nxt + 1 if nxt >= seg[-1] else nxt)
+    return MovingLandscape(family_seed, index, tuple(loads), tuple(phases), tuple(starts), tuple(seg), noise,
+                           ctx_cv=_u(rng, 0.02, 0.1))
+
+
+def parse_moving_name(name: str) -> tuple[int, int] | None:
+    """``family-moving:SEED:INDEX`` -> (seed, index); None when ``name`` is not such a name."""
+    if not name.startswith(MOVING_PREFIX):
+        return None
+    parts = name[len(MOVING_PREFIX):].split(":")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise UsageError(f"scenario {name!r}: a moving-load landscape is named family-moving:SEED:INDEX with "
+                         "two non-negative integers", hint="e.g. family-moving:1:3")
+    return int(parts[0]), int(parts[1])

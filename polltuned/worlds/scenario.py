@@ -28,9 +28,19 @@ A scenario is a plain Python file defining two functions::
 * An optional module docstring is shown by ``polltuned sim --list``; ``NONSTATIONARY = True``
   marks a scenario whose world changes with ``window`` (the benchmark then does not compare
   exploration cost, which it measures against the final world).
+* **Context (optional)**: a world whose load moves may expose it, as the daemon's counters would
+  (polltuned.metrics.context): ``measure`` then also returns ``"context:NAME"`` keys (floats, e.g.
+  ``"context:offered_rate"``, ``"context:runnable_others"``, ``"context:flows"``) and the engine
+  gets them in ``Window.context`` (``{"offered_rate": ..., ...}``). They must describe the *load*,
+  never the knobs' own effect. Two optional functions let the long-horizon benchmark score against
+  the load of each window: ``expected_at(config, window)`` (``expected`` for the load at that
+  window) and ``load_at(window) -> str`` (a label of the load; windows with the same label share
+  one optimum). Without them every window is scored with ``expected``.
 
 Shipped scenarios live in ``polltuned/worlds/scenarios/`` and are found by name (``busypoll_split``).
-``family:SEED:INDEX`` names landscape INDEX of the random family SEED (``polltuned.worlds.family``).
+``family:SEED:INDEX`` names landscape INDEX of the random family SEED (``polltuned.worlds.family``);
+``family-moving:SEED:INDEX`` a landscape of its moving-load family (the load, and the optimum with
+it, moves between 2-3 levels; exposed as context).
 """
 
 from __future__ import annotations
@@ -58,6 +68,8 @@ __all__ = ["Measurement", "ReplayScenario", "Scenario", "knob", "load_scenario",
 Measurement = dict[str, float]
 REQUIRED = ("p99_us", "cpu_cores")
 OPTIONAL = ("p50_us", "p999_us", "mean_us", "throughput_pps", "drops_per_s")
+#: a measurement key ``CONTEXT_PREFIX + name`` carries context signal ``name`` (Window.context)
+CONTEXT_PREFIX = "context:"
 
 
 def shipped_dir() -> Path:
@@ -77,6 +89,23 @@ class Scenario:
     _expected: Callable[..., Any]
     takes_window: bool
     nonstationary: bool = False
+    _expected_at: Callable[..., Any] | None = None
+    _load_at: Callable[[int], Any] | None = None
+
+    @property
+    def has_loads(self) -> bool:
+        """The scenario says which load each window sees (``load_at``)."""
+        return self._load_at is not None
+
+    def expected_at(self, config: Mapping[str, KnobValue], window: int) -> Measurement:
+        """``expected`` for the load at ``window`` (``expected`` when the scenario has no ``expected_at``)."""
+        if self._expected_at is None:
+            return self.expected(config)
+        return _check(self.name, "expected_at", self._expected_at(dict(config), window))
+
+    def load_at(self, window: int) -> str:
+        """The label of the load at ``window`` ("final" when the scenario does not say)."""
+        return "final" if self._load_at is None else str(self._load_at(window))
 
     def measure(self, config: Mapping[str, KnobValue], rng: np.random.Generator, window: int = 0) -> Measurement:
         cfg = dict(config)
@@ -97,6 +126,11 @@ def _check(name: str, fn: str, raw: object) -> Measurement:
     for k in (*REQUIRED, *OPTIONAL):
         if k in raw and raw[k] is not None:
             out[k] = float(raw[k])
+    for k, v in raw.items():
+        if isinstance(k, str) and k.startswith(CONTEXT_PREFIX) and len(k) > len(CONTEXT_PREFIX) and v is not None:
+            f = float(v)
+            if math.isfinite(f):
+                out[k] = f
     return out
 
 
@@ -116,7 +150,7 @@ def resolve_scenario_path(name_or_path: str) -> Path:
 def load_scenario(name_or_path: str) -> Scenario:
     """A scenario file, a shipped scenario by name, or ``family:SEED:INDEX`` (a landscape of the
     random family, ``polltuned.worlds.family``)."""
-    if name_or_path.startswith("family:"):
+    if name_or_path.startswith(("family:", "family-moving:")):
         return _family_scenario(name_or_path)
     path = resolve_scenario_path(name_or_path)
     if path.resolve().parent != shipped_dir().resolve():  # a user's file: as root, only a root-owned one
@@ -142,11 +176,19 @@ def load_scenario(name_or_path: str) -> Scenario:
         takes_window = "window" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
     except (TypeError, ValueError):
         takes_window = False
+    xa = getattr(obj, "expected_at", None)
+    la = getattr(obj, "load_at", None)
     return Scenario(path.stem, path, (mod.__doc__ or "").strip(), m, x, takes_window,
-                    bool(getattr(mod, "NONSTATIONARY", False)))
+                    bool(getattr(mod, "NONSTATIONARY", False)), xa if callable(xa) else None,
+                    la if callable(la) else None)
 
 
 def _family_scenario(name: str) -> Scenario:
+    moving = family.parse_moving_name(name)
+    if moving is not None:
+        mv = family.make_moving_landscape(*moving)
+        return Scenario(mv.name, Path(family.__file__), mv.summary(), mv.measure, mv.expected, True, True,
+                        mv.expected_at, mv.load_at)
     parsed = family.parse_name(name)
     assert parsed is not None
     ls = family.make_landscape(*parsed)
@@ -161,8 +203,9 @@ def to_window(m: Measurement, duration_s: float) -> Window:
         v = m.get(key)
         if v is not None and math.isfinite(v):
             lat[stat] = v
+    ctx = {k[len(CONTEXT_PREFIX):]: v for k, v in m.items() if k.startswith(CONTEXT_PREFIX)}
     return Window(ok=True, latency=lat, cpu_cores=m.get("cpu_cores"), throughput_pps=m.get("throughput_pps"),
-                  drops_per_s=m.get("drops_per_s"), observations=1, duration_s=duration_s)
+                  drops_per_s=m.get("drops_per_s"), observations=1, duration_s=duration_s, context=ctx)
 
 
 # ---------------------------------------------------------------- replay of recorded windows
