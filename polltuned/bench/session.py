@@ -198,7 +198,8 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
                                client_cpus=world.client_cpus, server_cpus=world.server_cpus)
             probe.start()
             record_fh = open(settings.record, "a", encoding="utf-8") if settings.record else None  # noqa: SIM115
-            env = BenchEnv(host_env(policy, actuator, probe, host, clock), host=host, clock=clock,
+            env = BenchEnv(host_env(policy, actuator, probe, host, clock, context_app=(workload, world)),
+                           host=host, clock=clock,
                            workload=workload.name, record=record_fh,
                            foreign=lambda: foreign_cpu_seconds(owner_pid))
 
@@ -207,7 +208,8 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
                                client_cpus=world.client_cpus, server_cpus=world.server_cpus)
                 more_probes.append(p)
                 p.start()
-                return BenchEnv(host_env(pol, actuator, p, host, clock), host=host, clock=clock,
+                return BenchEnv(host_env(pol, actuator, p, host, clock, context_app=(workload, world)),
+                                host=host, clock=clock,
                                 workload=workload.name, record=record_fh,
                                 foreign=lambda: foreign_cpu_seconds(owner_pid))
 
@@ -237,10 +239,34 @@ def bench_session(settings: BenchSettings, *, host: Host, clock: Clock,
                 world.teardown()
 
 
-def host_env(policy: Policy, actuator: Any, probe: Any, host: Host, clock: Clock) -> TrialEnv:
+def bench_context_settings(policy: Any, workload: Any, world: Any) -> dict[str, Any]:
+    """Pure: how the bench world's context is measured (polltuned.metrics.context): the server's
+    CPUs are the application's, the server (the poller) is excluded from ``runnable_others``, and
+    the offered rate is the rate sockperf under-load sets (ping-pong, wrk and kvclient are
+    closed-loop: no rate); only the bench's own processes count as peers (other users' jobs on a
+    shared machine are its foreign-CPU column)."""
+    from polltuned.metrics.context import app_by_command, rate_mode_for
+
+    words = {"sockperf": ("sockperf", "server"), "nginx": ("nginx",), "memcached": ("memcached",)}[workload.app]
+    mode, rate = rate_mode_for(policy.probe)
+    return {"app_cpus": list(world.server_cpus), "is_app": app_by_command(*words), "rate_mode": mode,
+            "set_rate": rate, "descendants_of": os.getpid(),
+            "within_s": policy.tuning.window_s if workload.app == "sockperf" else None}
+
+
+def host_env(policy: Policy, actuator: Any, probe: Any, host: Host, clock: Clock,
+             context_app: tuple[Any, Any] | None = None) -> TrialEnv:
     """The bench's HostEnv: CPU through the daemon's own CPU account (polltuned.metrics.cpu_scope,
-    idle polling included), so the bench and the daemon count the same cores for the same window."""
+    idle polling included), so the bench and the daemon count the same cores for the same window;
+    with ``context_app`` (workload, world) its windows carry the load context
+    (polltuned.metrics.context)."""
+    from polltuned.metrics.context import host_context_meter
+
     sampler = Sampler(host, clock=clock)
     scope = make_cpu_scope(policy, host, sampler, sampler.nics, clock=clock)
-    env: TrialEnv = HostEnv(policy, actuator, probe, clock=clock, cpu_scope=scope)
+    meter = None
+    if context_app is not None:
+        meter = host_context_meter(clock=clock, sampler=sampler,
+                                   **bench_context_settings(policy, context_app[0], context_app[1]))
+    env: TrialEnv = HostEnv(policy, actuator, probe, clock=clock, cpu_scope=scope, context=meter)
     return env

@@ -183,7 +183,23 @@ def build_env(policy: Policy, host: FsHost, actuator: Actuator, clock: Clock, co
     probe.start()
     if policy.probe.kind == "sim":  # the simulated world reports its own CPU
         return engine_env(policy, actuator, probe, clock)
-    return engine_env(policy, actuator, probe, clock, cpu_scope=daemon_cpu_scope(policy, host, counters, clock))
+    return engine_env(policy, actuator, probe, clock, cpu_scope=daemon_cpu_scope(policy, host, counters, clock),
+                      context=_context_meter(policy, host, clock))
+
+
+def _context_meter(policy: Policy, host: FsHost, clock: Clock) -> Any:
+    """The window's load context (polltuned.metrics.context) on the live host: offered rate and
+    flows from the probe; runnable peers on the policy's app_cpus only on the real root (the
+    process list is the live host's) and only when app_cpus are set. The poller cannot be told
+    apart by pid here, so it is counted too: as one busy task whether it spins or sleeps-and-wakes
+    at >= 5 % of a core (approximate)."""
+    from polltuned.metrics.context import ContextMeter, host_context_meter, rate_mode_for
+
+    mode, rate = rate_mode_for(policy.probe)
+    if host.is_real and policy.app_cpus:
+        return host_context_meter(clock=clock, app_cpus=list(policy.app_cpus), is_app=lambda t: False,
+                                  rate_mode=mode, set_rate=rate)
+    return ContextMeter(monotonic=clock.monotonic, rate_mode=mode, set_rate=rate)
 
 
 def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock,

@@ -23,7 +23,7 @@ from typing import Any
 from polltuned.clock import Clock
 from polltuned.engine.compat import Compat, KnobSource, detect, log_compat
 from polltuned.engine.core import Engine
-from polltuned.engine.env import CpuScopeLike, HostEnv, TrialEnv
+from polltuned.engine.env import ContextMeterLike, CpuScopeLike, HostEnv, TrialEnv
 from polltuned.errors import KnobUnsupported
 from polltuned.knobs.keys import Effect
 from polltuned.optimiser import Optimiser
@@ -102,10 +102,10 @@ def prepare_policy(policy: Policy, source: KnobSource | None = None) -> tuple[Po
 
 
 def build_env(policy: Policy, actuator: Any, probe: Probe, clock: Clock, *,
-              cpu_scope: CpuScopeLike | None = None) -> HostEnv:
+              cpu_scope: CpuScopeLike | None = None, context: ContextMeterLike | None = None) -> HostEnv:
     """The HostEnv; ``cpu_scope`` (polltuned.metrics.cpu_scope.make_cpu_scope) measures CPU when the
-    probe does not report it."""
-    return HostEnv(policy, actuator, probe, clock=clock, cpu_scope=cpu_scope)
+    probe does not report it; ``context`` (polltuned.metrics.context) fills Window.context."""
+    return HostEnv(policy, actuator, probe, clock=clock, cpu_scope=cpu_scope, context=context)
 
 
 def build_engine(policy: Policy, env: TrialEnv, store: Study, clock: Clock, *, optimiser: Optimiser | None = None,

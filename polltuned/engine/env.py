@@ -59,6 +59,14 @@ class CpuScopeLike(Protocol):
     def describe(self) -> str: ...
 
 
+class ContextMeterLike(Protocol):
+    """``polltuned.metrics.context.ContextMeter`` as seen from here: ``begin()`` right before the
+    probe's window, ``end(window)`` returns the window with its ``context`` filled."""
+
+    def begin(self) -> None: ...
+    def end(self, w: Window) -> Window: ...
+
+
 class ActuatorLike(Protocol):
     def read(self, keys: Sequence[str]) -> Mapping[str, Any]: ...
     def apply(self, assignment: Config, *, reason: str = "") -> Any: ...
@@ -76,7 +84,7 @@ def _value(v: Any) -> KnobValue:
 
 class HostEnv:
     def __init__(self, policy: Policy, actuator: ActuatorLike, probe: Probe, *, clock: Clock,
-                 cpu_scope: CpuScopeLike | None = None) -> None:
+                 cpu_scope: CpuScopeLike | None = None, context: ContextMeterLike | None = None) -> None:
         self.policy = policy
         self.actuator = actuator
         self.probe = probe
@@ -89,6 +97,8 @@ class HostEnv:
         self._affinity_pending: dict[str, KnobValue] = {}
         #: the measured knobs as polltuned's last apply left them (the outside-write check)
         self._written: dict[str, object] | None = None
+        #: fills Window.context (the load the window saw, polltuned.metrics.context); None: no context
+        self.context = context
 
     def current(self) -> dict[str, KnobValue]:
         keys = list(self.policy.knobs)
@@ -160,15 +170,24 @@ class HostEnv:
         self._settle_affinity()
         self.probe.restart()
         if self.cpu_scope is None:
-            return self.probe.measure(self.policy.tuning.window_s, window_index)
-        return self._measure_scoped(window_index, self.cpu_scope)
+            w = self._probe_window(window_index)
+        else:
+            w = self._measure_scoped(window_index, self.cpu_scope)
+        if self.context is not None and w.ok:
+            w = self.context.end(w)
+        return w
+
+    def _probe_window(self, window_index: int) -> Window:
+        if self.context is not None:
+            self.context.begin()
+        return self.probe.measure(self.policy.tuning.window_s, window_index)
 
     def _measure_scoped(self, window_index: int, scope: CpuScopeLike) -> Window:
         try:
             scope.begin()
         except PolltunedError as e:
             return Window.failed(e.message)
-        w = self.probe.measure(self.policy.tuning.window_s, window_index)
+        w = self._probe_window(window_index)
         if w.ok and w.cpu_cores is None:
             try:
                 r = scope.end()

@@ -29,3 +29,23 @@ def cpu_times(pids: Iterable[int]) -> dict[int, tuple[float, float, float]]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return out
+
+
+def task_samples() -> dict[int, tuple[int, str, float, str]]:
+    """Every user-space process: pid -> (CPU it last ran on, state letter, user+system seconds,
+    command line joined by spaces). Kernel threads (pid 2 and its children) are left out. One
+    psutil pass (``/proc/PID/stat`` field 39 ``processor`` and field 3 ``state``, ``cmdline``)."""
+    import psutil
+
+    letters = {psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S", psutil.STATUS_DISK_SLEEP: "D",
+               psutil.STATUS_STOPPED: "T", psutil.STATUS_ZOMBIE: "Z", psutil.STATUS_IDLE: "I"}
+    out: dict[int, tuple[int, str, float, str]] = {}
+    for p in psutil.process_iter(["pid", "ppid", "cpu_num", "status", "cpu_times", "cmdline"]):
+        info = p.info
+        pid = int(info["pid"])
+        if pid == 2 or info.get("ppid") == 2 or info.get("cpu_times") is None or info.get("cpu_num") is None:
+            continue
+        t = info["cpu_times"]
+        out[pid] = (int(info["cpu_num"]), letters.get(str(info.get("status")), "?"),
+                    float(t.user) + float(t.system), " ".join(info.get("cmdline") or []))
+    return out
