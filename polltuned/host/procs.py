@@ -31,11 +31,19 @@ def cpu_times(pids: Iterable[int]) -> dict[int, tuple[float, float, float]]:
     return out
 
 
-def task_samples() -> dict[int, tuple[int, str, float, str]]:
-    """Every user-space process: pid -> (CPU it last ran on, state letter, user+system seconds,
-    command line joined by spaces). Kernel threads (pid 2 and its children) are left out. One
-    psutil pass (``/proc/PID/stat`` field 39 ``processor`` and field 3 ``state``, ``cmdline``)."""
+def task_samples(descendants_of: int | None = None) -> dict[int, tuple[int, str, float, str]]:
+    """Every user-space process (or only the descendants of ``descendants_of``): pid -> (CPU it
+    last ran on, state letter, user+system seconds, command line joined by spaces). Kernel threads
+    (pid 2 and its children) are left out. One psutil pass (``/proc/PID/stat`` field 39
+    ``processor`` and field 3 ``state``, ``cmdline``)."""
     import psutil
+
+    only: set[int] | None = None
+    if descendants_of is not None:
+        try:
+            only = {c.pid for c in psutil.Process(descendants_of).children(recursive=True)}
+        except psutil.Error:
+            only = set()
 
     letters = {psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S", psutil.STATUS_DISK_SLEEP: "D",
                psutil.STATUS_STOPPED: "T", psutil.STATUS_ZOMBIE: "Z", psutil.STATUS_IDLE: "I"}
@@ -43,6 +51,8 @@ def task_samples() -> dict[int, tuple[int, str, float, str]]:
     for p in psutil.process_iter(["pid", "ppid", "cpu_num", "status", "cpu_times", "cmdline"]):
         info = p.info
         pid = int(info["pid"])
+        if only is not None and pid not in only:
+            continue
         if pid == 2 or info.get("ppid") == 2 or info.get("cpu_times") is None or info.get("cpu_num") is None:
             continue
         t = info["cpu_times"]
