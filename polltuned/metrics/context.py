@@ -49,7 +49,8 @@ processes packets in the poller's syscall instead of NET_RX softirq and IRQ defe
 hard IRQs (vm-bench §4), so these counters move with the knobs themselves; they describe the load
 only at fixed knobs (tests/test_context_realkernel.py on this VM: NET_RX on the server's CPU
 1440-1980/s at busy 0 vs 48-55/s at busy 50 for one session, 8800-12200 vs 1700/s for four,
-while flows and runnable_others stayed 1/0 and 4/2). ``nic_rx_packets_per_s`` of a closed-loop load likewise (it follows the RTT).
+while flows and runnable_others stayed 1/0 and 4/2). ``nic_rx_packets_per_s`` of a closed-loop
+load likewise (it follows the RTT).
 """
 
 from __future__ import annotations
