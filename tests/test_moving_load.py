@@ -1,0 +1,109 @@
+"""The moving-load family, the scenario contract's context output and ScenarioEnv's Window.context."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polltuned.errors import UsageError
+from polltuned.policy.loader import load_policy
+from polltuned.worlds.env import ScenarioEnv, default_config
+from polltuned.worlds.family import make_landscape, make_moving_landscape, parse_moving_name
+from polltuned.worlds.scenario import load_scenario, to_window
+
+BR, BP = "net.core.busy_read", "net.core.busy_poll"
+
+
+def test_same_seed_and_index_give_the_same_moving_world() -> None:
+    a, b = make_moving_landscape(3, 4), make_moving_landscape(3, 4)
+    assert a == b and a.describe() == b.describe()
+    assert make_moving_landscape(3, 5) != a
+    # the stationary family is not touched by it (own stream)
+    assert make_landscape(1, 0).describe() == make_landscape(1, 0).describe()
+
+
+def test_load_moves_between_two_or_three_levels_at_least_three_times() -> None:
+    for i in range(40):
+        ls = make_moving_landscape(1, i)
+        assert 2 <= len(ls.loads) <= 3
+        ch = ls.changes(300)
+        assert len(ch) >= 3, (i, ch)
+        for c in ch:
+            assert ls.load_index(c - 1) != ls.load_index(c)
+        seen = {ls.load_at(w) for w in range(300)}
+        assert len(seen) >= 2
+        assert all(25 <= b - a <= 90 for a, b in zip(ls.starts, ls.starts[1:]))
+
+
+def _best_busy(ls, load: int) -> float:
+    """busy value (both knobs) with the lowest expected p99 x (1 + cpu) at load ``load``."""
+    vals = [0.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0]
+    js = []
+    for v in vals:
+        e = ls.expected_at({BR: v, BP: v}, ls.starts[ls.segment_load.index(load)])
+        js.append(e["p99_us"] * (1 + 0.1 * e["cpu_cores"]))
+    return vals[int(np.argmin(js))]
+
+
+def test_the_optimum_moves_with_the_load() -> None:
+    moved = 0
+    for i in range(30):
+        ls = make_moving_landscape(2, i)
+        quiet, shared = _best_busy(ls, 0), _best_busy(ls, 1)
+        assert shared <= quiet, i            # a runnable peer never makes more busy polling better
+        moved += quiet != shared
+    assert moved >= 24                       # >= 80 % of the worlds want other values per load
+
+
+def test_measure_exposes_the_load_as_context_not_the_knobs() -> None:
+    ls = make_moving_landscape(1, 0)
+    rng = np.random.default_rng(0)
+    w = ls.changes()[0]
+    a = ls.measure({BR: 0}, rng, window=w)
+    b = ls.measure({BR: 100}, rng, window=w)
+    for k in ("context:flows", "context:runnable_others"):
+        assert a[k] == b[k]
+    assert abs(np.log(a["context:offered_rate"] / b["context:offered_rate"])) < 0.5
+    before = ls.measure({BR: 0}, rng, window=w - 1)
+    assert before["context:flows"] != a["context:flows"] or before["context:offered_rate"] != a["context:offered_rate"]
+
+
+def test_scenario_env_puts_the_context_in_the_window() -> None:
+    pol = load_policy("sim-default")
+    sc = load_scenario("family-moving:1:2")
+    assert sc.nonstationary and sc.has_loads
+    env = ScenarioEnv(pol, sc, seed=0)
+    w = env.measure(0)
+    assert set(w.context) == {"offered_rate", "flows", "runnable_others"}
+    old = ScenarioEnv(pol, load_scenario("busypoll_split"), seed=0)
+    assert dict(old.measure(0).context) == {}
+    assert load_scenario("busypoll_split").load_at(5) == "final"
+    base = default_config(pol)
+    assert load_scenario("busypoll_split").expected_at(base, 5) == load_scenario("busypoll_split").expected(base)
+
+
+def test_context_keys_pass_the_contract_check_and_junk_is_dropped() -> None:
+    w = to_window({"p99_us": 10.0, "cpu_cores": 0.1, "context:flows": 3.0}, 1.0)
+    assert dict(w.context) == {"flows": 3.0}
+    sc = load_scenario("moving_load")
+    got = sc.measure({BR: 0}, np.random.default_rng(0), window=80)
+    assert got["context:flows"] == 4.0 and got["context:runnable_others"] == 2.0
+
+
+def test_shipped_moving_load_scenario_schedule_and_optima() -> None:
+    sc = load_scenario("moving_load")
+    labels = [sc.load_at(w) for w in range(300)]
+    changes = [w for w in range(1, 300) if labels[w] != labels[w - 1]]
+    assert changes == [70, 130, 210, 250]
+    quiet = sc.expected_at({BR: 50}, 0)["p99_us"] / sc.expected_at({BR: 0}, 0)["p99_us"]
+    shared = sc.expected_at({BR: 50}, 80)["p99_us"] / sc.expected_at({BR: 0}, 80)["p99_us"]
+    assert quiet < 0.2 and shared > 3.0
+
+
+def test_moving_names_parse_or_fail_clearly() -> None:
+    assert parse_moving_name("family-moving:7:3") == (7, 3)
+    assert parse_moving_name("family:7:3") is None
+    with pytest.raises(UsageError, match="family-moving:SEED:INDEX"):
+        parse_moving_name("family-moving:x")
+    with pytest.raises(UsageError):
+        make_moving_landscape(-1, 0)
