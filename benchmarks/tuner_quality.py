@@ -426,6 +426,269 @@ def _pool_map(fn: Any, items: Sequence[Any], jobs: int) -> list[Any]:
     return [fn(t) for t in items]
 
 
+
+# ---------------------------------------------------------------- the long horizon (--horizon N)
+#: horizon methods: the engine with polltuned's contextual GP (product kernel), the same with the
+#: sum kernel, the same with the context hidden from it, and random search in the same cycle
+HORIZON_METHODS = {"polltuned": ("skopt", "product", True), "polltuned-sum": ("skopt", "sum", True),
+                   "polltuned-nocontext": ("skopt", "product", False), "random": ("random", "product", True)}
+HORIZON_AT = (50, 150, 300)
+#: today's HOLD drift rule, emulated while the engine has no HOLD cycle of its own: a context signal
+#: more than 30 % away from its value at deployment for 3 windows in a row starts a re-tune
+DRIFT_RATIO = 1.3
+DRIFT_WINDOWS = 3
+
+
+class HorizonEnv:
+    """A ScenarioEnv with one clock of windows for the whole horizon (every engine session's
+    window indices restart at 0; the world's load does not) and a record of every window."""
+
+    def __init__(self, inner: ScenarioEnv, *, hide_context: bool) -> None:
+        self.inner = inner
+        self.hide_context = hide_context
+        self.t = 0
+        self.windows: list[tuple[int, dict[str, KnobValue], dict[str, float]]] = []
+
+    def current(self) -> dict[str, KnobValue]:
+        return self.inner.current()
+
+    def apply(self, config: Mapping[str, KnobValue]) -> None:
+        self.inner.apply(config)
+
+    def describe(self) -> Mapping[str, object]:
+        return self.inner.describe()
+
+    def measure(self, window_index: int) -> Any:
+        from dataclasses import replace
+
+        w = self.inner.measure(self.t)
+        self.windows.append((self.t, self.inner.current(), dict(w.context)))
+        self.t += 1
+        return replace(w, context={}) if self.hide_context else w
+
+
+def _drifted(ref: Mapping[str, float], ctx: Mapping[str, float]) -> bool:
+    for k, v0 in ref.items():
+        v = ctx.get(k)
+        if v is not None and abs(math.log1p(v) - math.log1p(v0)) > math.log(DRIFT_RATIO):
+            return True
+    return False
+
+
+def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int) -> dict[str, Any]:
+    """One run of the daemon's whole cycle for ``horizon`` windows: each round is an Engine driven
+    by polltuned.engine.driver.drive; whatever the engine does not do itself (the previous release's
+    engine stops after confirming) is done here as the daemon would: hold the deployment, and start a
+    re-tune (warm-started from the same study, today's deployment as the round's baseline) after the
+    drift rule fires. Per window: its kind (the engine's WindowKind, or "hold"), configuration and
+    the configuration in force (the last held one; the kernel defaults before any)."""
+    from polltuned.optimiser.skopt_backend import SkoptOptimiser
+
+    backend, kernel, see_ctx = HORIZON_METHODS[method]
+    sc = load_scenario(sc_path)
+    p = pol.model_copy(update={"tuning": pol.tuning.model_copy(update={"seed": seed})})
+    base = default_config(p)
+    env = HorizonEnv(ScenarioEnv(p, sc, seed=seed, baseline=base), hide_context=not see_ctx)
+    study = Study.memory(p)
+    space = Space.from_policy(p)
+    kinds: list[str] = []
+    in_force: list[dict[str, KnobValue]] = []
+    deployments: list[tuple[int, dict[str, KnobValue]]] = []
+    active: dict[str, KnobValue] = dict(base)
+    rounds = 0
+    cpu = 0.0
+    while env.t < horizon:
+        rounds += 1
+        cur = env.current()
+        safety = math.log(1 + p.guard.max_regression)
+        opt = (SkoptOptimiser(space, cur, seed=seed + rounds, initial_points=p.tuning.initial_points,
+                              safety_limit=safety, context_kernel=kernel) if backend == "skopt"
+               else make_optimiser(backend, space, cur, seed=seed + rounds, safety_limit=safety))
+        eng = Engine(p, study, current=cur, clock=FakeClock(), optimiser=opt)
+        n0 = len(env.windows)
+        r = drive(eng, env, max_windows=horizon - env.t)
+        cpu += opt.cpu_seconds
+        got = [str(k) for k, _ in eng.trace.windows]
+        new = len(env.windows) - n0
+        got = (got + ["?"] * new)[:new]
+        for k, (_, cfg, _) in zip(got, env.windows[n0:]):
+            if k == WindowKind.HOLD:
+                active = dict(cfg)
+            kinds.append(k)
+            in_force.append(dict(active))
+        if r is None or env.t >= horizon:
+            break
+        dep = {**base, **r.deployed}
+        if dep != active:
+            deployments.append((env.t, dep))
+        active = dep
+        env.apply(active)
+        ref = env.windows[-1][2] if env.windows else {}
+        streak = 0
+        while env.t < horizon:
+            env.measure(env.t)
+            kinds.append("hold")
+            in_force.append(dict(active))
+            streak = streak + 1 if _drifted(ref, env.windows[-1][2]) else 0
+            if streak >= DRIFT_WINDOWS:
+                break
+    # a stop at the horizon may finish a confirmation pair past it: score the horizon only
+    return {"kinds": kinds[:horizon], "configs": [c for _, c, _ in env.windows][:horizon],
+            "in_force": in_force[:horizon], "deployments": [d for d in deployments if d[0] < horizon],
+            "rounds": rounds, "cpu_s": cpu, "windows": min(env.t, horizon)}
+
+
+def _horizon_task(args: tuple[str, Policy, str, int, int]) -> tuple[str, str, int, dict[str, Any]]:
+    sc_path, pol, method, seed, horizon = args
+    return sc_path, method, seed, run_horizon(sc_path, pol, method, seed, horizon)
+
+
+def load_optima(sc_path: str, pol: Policy, horizon: int) -> dict[str, tuple[float, float]]:
+    """load label -> (J of the kernel defaults, J*) at that load (J* by optimum() on expected_at)."""
+    sc = load_scenario(sc_path)
+    base = default_config(pol)
+    first: dict[str, int] = {}
+    for t in range(horizon):
+        first.setdefault(sc.load_at(t), t)
+    out: dict[str, tuple[float, float]] = {}
+    for label, t in first.items():
+        at = _AtWindow(sc, t)
+        out[label] = (J(at, pol, base), optimum(at, pol, base)[0])  # type: ignore[arg-type]
+    return out
+
+
+class _AtWindow:
+    """A scenario seen at one window's load (``expected`` = ``expected_at(., window)``)."""
+
+    def __init__(self, sc: Scenario, window: int) -> None:
+        self.sc, self.window = sc, window
+
+    def expected(self, cfg: Mapping[str, KnobValue]) -> dict[str, float]:
+        return self.sc.expected_at(cfg, self.window)
+
+
+def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[str, Any]]],
+                      horizon: int) -> dict[str, Any]:
+    """Per method: regret over time of the configuration in force against the optimum of the load
+    of each window, within 5 % at windows 50/150/300, exploration share after window 100, deployments
+    worse than the kernel defaults (at the load of the window they were made) and windows spent in
+    force worse than the defaults."""
+    sc = load_scenario(sc_path)
+    optima = load_optima(sc_path, pol, horizon)
+    labels = [sc.load_at(t) for t in range(horizon)]
+    out: dict[str, Any] = {"scenario": sc.name, "loads": {k: {"J_baseline": b, "J_star": s} for k, (b, s)
+                                                          in optima.items()},
+                           "changes": [t for t in range(1, horizon) if labels[t] != labels[t - 1]], "methods": {}}
+    at = [w for w in HORIZON_AT if w <= horizon]
+    for method, rs in runs.items():
+        if not rs:
+            continue
+        per: dict[str, list[Any]] = {"within5_at": [], "regret": [], "explore_after_100": [], "worse_deploy": [],
+                                     "worse_windows": [], "rounds": [], "cpu_per_window": []}
+        for r in rs:
+            n = len(r["in_force"])
+            ex = [(J(_AtWindow(sc, t), pol, r["in_force"][t]) / optima[labels[t]][1] - 1.0) for t in range(n)]
+            worse = [J(_AtWindow(sc, t), pol, r["in_force"][t]) > optima[labels[t]][0] * (1 + 1e-9) for t in range(n)]
+            per["regret"].append(ex)
+            per["within5_at"].append({str(w): bool(w - 1 < n and ex[w - 1] <= 0.05) for w in at})
+            late = r["kinds"][100:]
+            per["explore_after_100"].append(sum(1 for k in late if k not in ("hold", WindowKind.HOLD)) / len(late)
+                                            if late else 0.0)
+            per["worse_deploy"].append(sum(1 for t, c in r["deployments"]
+                                           if J(_AtWindow(sc, max(t - 1, 0)), pol, c)
+                                           > optima[labels[max(t - 1, 0)]][0] * (1 + 1e-9)))
+            per["worse_windows"].append(sum(worse) / max(1, n))
+            per["rounds"].append(r["rounds"])
+            per["cpu_per_window"].append(r["cpu_s"] / max(1, r["windows"]))
+        spans = [(0, 50), (50, 150), (150, horizon)]
+        out["methods"][method] = {
+            "runs": len(rs),
+            "within5_at": {str(w): sum(d[str(w)] for d in per["within5_at"]) / len(rs) for w in at},
+            "explore_share_after_100": statistics.mean(per["explore_after_100"]),
+            "regret_median": {f"{a}-{b}": (statistics.median(statistics.mean(x[a:b]) for x in per["regret"]
+                                                            if len(x) > a) if b > a else None) for a, b in spans},
+            "worse_than_baseline_deployments": sum(per["worse_deploy"]),
+            "worse_than_baseline_window_share": statistics.mean(per["worse_windows"]),
+            "rounds_mean": statistics.mean(per["rounds"]),
+            "optimiser_cpu_per_window_s": statistics.median(per["cpu_per_window"]),
+            "per_run": per,
+        }
+    return out
+
+
+def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    methods: list[str] = []
+    for s in summaries:
+        methods += [m for m in s["methods"] if m not in methods]
+    out: dict[str, Any] = {"scenarios": len(summaries), "methods": {}}
+    for m in methods:
+        per = [s["methods"][m]["per_run"] for s in summaries if m in s["methods"]]
+        w5 = [d for p in per for d in p["within5_at"]]
+        ex = [x for p in per for x in p["explore_after_100"]]
+        out["methods"][m] = {
+            "runs": len(w5),
+            "within5_at": {k: sum(d[k] for d in w5) / len(w5) for k in (w5[0] if w5 else {})},
+            "explore_share_after_100": statistics.mean(ex) if ex else None,
+            "worse_than_baseline_deployments": sum(sum(p["worse_deploy"]) for p in per),
+            "worse_than_baseline_window_share": statistics.mean(x for p in per for x in p["worse_windows"]),
+            "optimiser_cpu_per_window_s": statistics.median(x for p in per for x in p["cpu_per_window"]),
+        }
+    return out
+
+
+def _pct(x: float | None, fmt: str = "{:.0%}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def horizon_table(summaries: Sequence[dict[str, Any]], agg: dict[str, Any]) -> str:
+    rows = ["| scenario | method | within 5 % @50 | @150 | @300 | regret 0-50 | 50-150 | 150-end | explore after 100"
+            " | worse deploys | worse windows | rounds |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        head = s["scenario"]
+        for m, d in s["methods"].items():
+            w, rg = d["within5_at"], d["regret_median"]
+            rows.append(f"| {head} | {m} | {_pct(w.get('50'))} | {_pct(w.get('150'))} | {_pct(w.get('300'))} | "
+                        + " | ".join(_pct(v, "{:.1%}") for v in rg.values())
+                        + f" | {d['explore_share_after_100']:.1%} | {d['worse_than_baseline_deployments']} | "
+                          f"{d['worse_than_baseline_window_share']:.1%} | {d['rounds_mean']:.1f} |")
+            head = ""
+    rows += ["", "| method | runs | within 5 % @50 | @150 | @300 | explore after 100 | worse deploys | worse windows"
+             " | optimiser CPU s/window |", "|---|---|---|---|---|---|---|---|---|"]
+    for m, d in agg["methods"].items():
+        w = d["within5_at"]
+        rows.append(f"| {m} | {d['runs']} | {_pct(w.get('50'))} | {_pct(w.get('150'))} | {_pct(w.get('300'))} | "
+                    f"{d['explore_share_after_100']:.1%} | {d['worse_than_baseline_deployments']} | "
+                    f"{d['worse_than_baseline_window_share']:.1%} | {d['optimiser_cpu_per_window_s']:.3f} |")
+    return "\n".join(rows)
+
+
+def main_horizon(a: argparse.Namespace, pol: Policy, run_pol: Policy, paths: Sequence[str]) -> int:
+    methods = [m for m in a.methods.split(",") if m]
+    bad = [m for m in methods if m not in HORIZON_METHODS]
+    if bad:
+        raise SystemExit(f"--horizon: unknown method {bad[0]!r} (choose from {', '.join(HORIZON_METHODS)})")
+    t0 = time.monotonic()
+    tasks = [(p, run_pol, m, s, a.horizon) for p in paths for m in methods for s in range(a.seeds)]
+    results = _pool_map(_horizon_task, tasks, a.jobs)
+    by: dict[str, dict[str, list[dict[str, Any]]]] = {p: {m: [] for m in methods} for p in paths}
+    for p, m, _s, r in results:
+        by[p][m].append(r)
+    summaries = [summarise_horizon(p, pol, by[p], a.horizon) for p in paths]
+    agg = aggregate_horizon(summaries)
+    for sm in summaries:
+        for d in sm["methods"].values():
+            d.pop("per_run", None)
+    elapsed = time.monotonic() - t0
+    if a.json:
+        print(json.dumps({"horizon": a.horizon, "seeds": a.seeds, "methods": methods, "elapsed_s": elapsed,
+                          "no_seeds": a.no_seeds, "scenarios": summaries, "aggregate": agg}, indent=1, default=str))
+    else:
+        print(f"tuner quality, horizon {a.horizon} windows: {len(paths)} scenarios x {a.seeds} seeds x "
+              f"{len(methods)} methods, policy seeds {'removed' if a.no_seeds else 'as given'}, {elapsed:.0f} s\n")
+        print(horizon_table(summaries, agg))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", default=str(shipped_dir()), help="directory of scenario .py files")
@@ -444,22 +707,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true", help="3 seeds, budget 20 (for tests)")
     ap.add_argument("--cost", action="store_true", help="only measure optimiser CPU per step vs observations")
+    ap.add_argument("--horizon", type=int, default=None, metavar="N",
+                    help="run the daemon's whole cycle for N windows (methods: " + ", ".join(HORIZON_METHODS) + ")")
+    ap.add_argument("--moving", action="store_true",
+                    help="with --family: the moving-load family (family-moving:SEED:INDEX)")
     a = ap.parse_args(argv)
     if a.cost:
         print(cost_table(load_policy(a.policy)))
         return 0
     if a.quick:
         a.seeds, a.budget = min(a.seeds, 3), min(a.budget, 20)
+    if a.horizon is not None and a.methods == ap.get_default("methods"):
+        a.methods = "polltuned,random"
     methods = [m for m in a.methods.split(",") if m]
+    known = HORIZON_METHODS if a.horizon is not None else METHODS
     for m in methods:
-        if m not in METHODS:
-            ap.error(f"--methods: unknown method {m!r} (choose from {', '.join(METHODS)})")
+        if m not in known:
+            ap.error(f"--methods: unknown method {m!r} (choose from {', '.join(known)})")
+    if a.horizon is not None and a.horizon < 1:
+        ap.error(f"--horizon must be >= 1 (got {a.horizon})")
     pol = load_policy(a.policy)
     run_pol = strip_seeds(pol) if a.no_seeds else pol
     if a.family is not None:
         if a.family < 1 or a.family_seed < 0:
             ap.error(f"--family must be >= 1 and --family-seed >= 0 (got {a.family}, {a.family_seed})")
-        paths = [f"family:{a.family_seed}:{i}" for i in range(a.family)]
+        prefix = "family-moving" if a.moving else "family"
+        paths = [f"{prefix}:{a.family_seed}:{i}" for i in range(a.family)]
         what = f"family {a.family_seed}, landscapes 0..{a.family - 1}"
     else:
         paths = sorted(str(p) for p in Path(a.scenarios).glob("*.py") if not p.name.startswith("_"))
@@ -469,6 +742,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [p for p in paths if Path(p).stem in want or p in want]
     if not paths:
         ap.error(f"--scenarios: no scenario files in {a.scenarios}")
+    if a.horizon is not None:
+        return main_horizon(a, pol, run_pol, paths)
     per_landscape = a.per_landscape if a.per_landscape is not None else a.family is None
     tasks = [(p, run_pol, m, s, a.budget) for p in paths for m in methods for s in range(a.seeds)]
     t0 = time.monotonic()

@@ -107,3 +107,49 @@ def test_moving_names_parse_or_fail_clearly() -> None:
         parse_moving_name("family-moving:x")
     with pytest.raises(UsageError):
         make_moving_landscape(-1, 0)
+
+
+def _bench():  # benchmarks/tuner_quality.py as a module
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tuner_quality.py"
+    spec = importlib.util.spec_from_file_location("pt_tuner_quality_h", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_horizon_json_per_scenario_and_method(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    bench = _bench()
+    rc = bench.main(["--horizon", "60", "--family", "1", "--moving", "--family-seed", "5", "--seeds", "1",
+                     "--budget", "12", "--methods", "polltuned,random", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["horizon"] == 60
+    s = out["scenarios"][0]
+    assert s["scenario"] == "family-moving:5:0" and 1 <= len(s["loads"]) <= 3
+    assert all(0 < c < 60 for c in s["changes"]) and len(s["loads"]) <= len(s["changes"]) + 1
+    for m in ("polltuned", "random"):
+        d = s["methods"][m]
+        assert set(d["within5_at"]) == {"50"}          # 150 and 300 lie beyond a 60-window horizon
+        assert 0.0 <= d["explore_share_after_100"] <= 1.0
+        assert d["worse_than_baseline_deployments"] >= 0 and d["rounds_mean"] >= 1
+        assert "per_run" not in d
+    assert out["aggregate"]["methods"]["polltuned"]["runs"] == 1
+
+
+def test_horizon_run_measures_every_window_on_one_clock() -> None:
+    """One clock for the whole horizon: the load follows the window count across engine rounds,
+    and every window has a kind and a configuration in force."""
+    bench = _bench()
+    pol = load_policy("sim-default")
+    pol = pol.model_copy(update={"tuning": pol.tuning.model_copy(update={"budget": 12})})
+    r = bench.run_horizon("moving_load", pol, "polltuned", 0, 90)
+    assert r["windows"] == 90 and len(r["kinds"]) == 90 and len(r["in_force"]) == 90
+    assert r["rounds"] >= 2                                   # the load change at 70 triggers a re-tune
+    assert "hold" in r["kinds"]
+    assert bench._drifted({"flows": 1.0}, {"flows": 4.0}) and not bench._drifted({"flows": 4.0}, {"flows": 4.2})
