@@ -38,7 +38,21 @@ Usage:
   benchmarks/tuner_quality.py [--scenarios DIR | --family N [--family-seed S]] [--policy FILE]
                               [--seeds N] [--budget N] [--methods polltuned,random,grid,static]
                               [--no-seeds] [--per-landscape | --no-per-landscape] [--jobs N] [--json] [--quick]
-  benchmarks/tuner_quality.py --cost     # optimiser CPU per step at 10/50/100/200 observations
+  benchmarks/tuner_quality.py --cost     # optimiser CPU per step at 10/50/100/200/300 observations
+  benchmarks/tuner_quality.py --horizon 300 [--family N --moving] [--methods polltuned,random,...] [--json]
+  benchmarks/tuner_quality.py --family N --moving --kernel-compare W   # product vs sum vs no context
+
+``--horizon N`` runs the daemon's whole cycle for N windows per run (``run_horizon``: engine rounds
+through ``polltuned.engine.driver.drive`` on one window clock; where the engine stops after a round,
+the deployment is held and today's drift rule — a context signal > 30 % away for 3 windows — starts
+a re-tune from it) and scores the configuration *in force* at every window against the optimum of
+the load of that window (``Scenario.expected_at``/``load_at``): ``within5_at`` {"50","150","300"}
+(share of runs within 5 % at that window), ``regret_median`` per span (J/J* - 1 of what was in
+force), ``explore_share_after_100`` (windows after 100 that were not holding), worse-than-baseline
+deployments (at the load they were made) and the share of windows in force worse than the kernel
+defaults. Methods: ``polltuned`` (contextual GP, product kernel), ``polltuned-sum``,
+``polltuned-nocontext`` (the context hidden), ``random``. ``--moving`` takes the moving-load family
+(``family-moving:SEED:INDEX``) for ``--family``.
 
 ``--family N`` runs landscapes 0..N-1 of the random scenario family S (polltuned.worlds.family,
 default S = 1) instead of scenario files; the per-landscape table is then printed only with
@@ -370,7 +384,7 @@ def table(summaries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200), reps: int = 5) -> str:
+def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200, 300), reps: int = 5) -> str:
     """Optimiser CPU seconds per step (tell + ask + recommendation) at N observations: polltuned's
     bounded skopt backend vs an out-of-the-box skopt GP Optimizer (gp_hedge, lbfgs) on the same
     encoded space. BLAS capped at one thread for both."""
@@ -382,7 +396,8 @@ def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200), reps: int
 
     space = Space.from_policy(pol)
     base = default_config(pol)
-    rows = ["| observations | polltuned skopt backend (s/step) | skopt GP default (s/step) |", "|---|---|---|"]
+    rows = ["| observations | polltuned skopt backend (s/step) | ... with a context, 2 loads (s/step) |"
+            " skopt GP default (s/step) |", "|---|---|---|---|"]
     for n in sizes:
         rng = np.random.default_rng(n)
         cfgs = space.sample_uniform(rng, n)
@@ -398,6 +413,18 @@ def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200), reps: int
             ours.tell(c, float(rng.normal(0, 0.3)))
             ours.best()
             t_ours.append(time.process_time() - t0)
+        ctx = SkoptOptimiser(space, base, seed=0, safety_limit=math.log(1.5))
+        ctx._design.clear()
+        loads = ({"flows": 1.0, "runnable_others": 0.0}, {"flows": 4.0, "runnable_others": 2.0})
+        for i, (c, y) in enumerate(zip(cfgs, ys)):
+            ctx.tell(c, y, context=loads[(i // 25) % 2])
+        t_ctx = []
+        for _ in range(reps):
+            t0 = time.process_time()
+            c = ctx.ask(remaining=100, context=loads[0])
+            ctx.tell(c, float(rng.normal(0, 0.3)), context=loads[0])
+            ctx.best(context=loads[0])
+            t_ctx.append(time.process_time() - t0)
         dims = [(0.0, 1.0)] * space.width
         X = [list(space.encode(c)) for c in cfgs]
         with threadpool_limits(limits=1):
@@ -409,7 +436,8 @@ def cost_table(pol: Policy, sizes: Sequence[int] = (10, 50, 100, 200), reps: int
                 ref.tell(X[-1], ys[-1])
                 ref.ask()
                 t_ref.append(time.process_time() - t0)
-        rows.append(f"| {n} | {statistics.median(t_ours):.3f} | {statistics.median(t_ref):.3f} |")
+        rows.append(f"| {n} | {statistics.median(t_ours):.3f} | {statistics.median(t_ctx):.3f} | "
+                    f"{statistics.median(t_ref):.3f} |")
     return "\n".join(rows)
 
 
@@ -689,6 +717,57 @@ def main_horizon(a: argparse.Namespace, pol: Policy, run_pol: Policy, paths: Seq
     return 0
 
 
+
+def kernel_compare_run(sc_path: str, pol: Policy, variant: str, seed: int, windows: int) -> dict[str, Any]:
+    """Optimiser only (no engine): every window measures the kernel defaults and one proposal at
+    the current load, tells the log-ratio with the window's context (``variant`` "none": without),
+    and scores ``best(context=now)`` against the optimum of the current load."""
+    import numpy as np
+
+    from polltuned.optimiser.skopt_backend import SkoptOptimiser
+
+    sc = load_scenario(sc_path)
+    p = pol.model_copy(update={"tuning": pol.tuning.model_copy(update={"seed": seed})})
+    base = default_config(p)
+    space = Space.from_policy(p)
+    opt = SkoptOptimiser(space, base, seed=seed, initial_points=p.tuning.initial_points,
+                         safety_limit=math.log(1 + p.guard.max_regression),
+                         context_kernel="product" if variant == "none" else variant)
+    rng = np.random.default_rng(seed)
+    optima = load_optima(sc_path, p, windows)
+    excess = []
+    for t in range(windows):
+        mb = sc.measure(base, rng, window=t)
+        ctx = {k.split(":", 1)[1]: v for k, v in mb.items() if k.startswith("context:")} if variant != "none" else None
+        c = opt.ask(remaining=None, context=ctx)
+        m = sc.measure({**base, **c}, rng, window=t)
+        opt.tell(c, math.log(value_of(m, p.objective) / value_of(mb, p.objective)), context=ctx)
+        rec = opt.best(context=ctx)
+        cfg = {**base, **(rec.config if rec is not None else {})}
+        excess.append(J(_AtWindow(sc, t), p, cfg) / optima[sc.load_at(t)][1] - 1.0)  # type: ignore[arg-type]
+    return {"excess": excess, "cpu_per_step": opt.cpu_seconds / windows}
+
+
+def _kc_task(args: tuple[str, Policy, str, int, int]) -> tuple[str, str, int, dict[str, Any]]:
+    sc_path, pol, variant, seed, windows = args
+    return sc_path, variant, seed, kernel_compare_run(sc_path, pol, variant, seed, windows)
+
+
+def kernel_compare(pol: Policy, paths: Sequence[str], seeds: int, windows: int, jobs: int) -> dict[str, Any]:
+    """Product vs sum context kernel vs no context, on the moving-load family (optimiser only)."""
+    variants = ("product", "sum", "none")
+    tasks = [(p, pol, v, s, windows) for p in paths for v in variants for s in range(seeds)]
+    res = _pool_map(_kc_task, tasks, jobs)
+    out: dict[str, Any] = {}
+    for v in variants:
+        runs = [r for _, vv, _, r in res if vv == v]
+        late = [x for r in runs for x in r["excess"][windows // 3:]]
+        out[v] = {"runs": len(runs), "within5_share_after_third": sum(1 for x in late if x <= 0.05) / max(1, len(late)),
+                  "excess_median_after_third": statistics.median(late) if late else None,
+                  "cpu_per_step_s": statistics.median(r["cpu_per_step"] for r in runs)}
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", default=str(shipped_dir()), help="directory of scenario .py files")
@@ -709,6 +788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cost", action="store_true", help="only measure optimiser CPU per step vs observations")
     ap.add_argument("--horizon", type=int, default=None, metavar="N",
                     help="run the daemon's whole cycle for N windows (methods: " + ", ".join(HORIZON_METHODS) + ")")
+    ap.add_argument("--kernel-compare", type=int, default=None, metavar="W",
+                    help="optimiser only, W windows: product vs sum context kernel vs no context (JSON)")
     ap.add_argument("--moving", action="store_true",
                     help="with --family: the moving-load family (family-moving:SEED:INDEX)")
     a = ap.parse_args(argv)
@@ -742,6 +823,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [p for p in paths if Path(p).stem in want or p in want]
     if not paths:
         ap.error(f"--scenarios: no scenario files in {a.scenarios}")
+    if a.kernel_compare is not None:
+        print(json.dumps(kernel_compare(run_pol, paths, a.seeds, a.kernel_compare, a.jobs), indent=1))
+        return 0
     if a.horizon is not None:
         return main_horizon(a, pol, run_pol, paths)
     per_landscape = a.per_landscape if a.per_landscape is not None else a.family is None
