@@ -145,8 +145,8 @@ def test_host_env_measure_fills_window_context() -> None:
 
 
 def test_bench_context_settings_name_the_server_and_its_cpus() -> None:
-    from polltuned.bench import bench_context_settings
-    from polltuned.worlds.default import get_workload
+    from polltuned.bench.session import bench_context_settings
+    from polltuned.bench.world import get_workload
 
     class World:
         server_cpus = (0,)

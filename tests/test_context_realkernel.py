@@ -1,7 +1,7 @@
 """On the real kernel: the context chosen for the model stays put when only the knobs change and
 moves when the load changes (the bench's netns + veth + sockperf world; root; holds the lock).
 
-Two bench layouts (polltuned.worlds.default): ``single`` (one session, client CPU0, server CPU1)
+Two bench layouts (polltuned.bench.world): ``single`` (one session, client CPU0, server CPU1)
 and ``parallel`` (four sessions to one server on CPU0, clients alternating CPU0/CPU1); in each,
 windows alternate busy_read = busy_poll = 0 and 50 (A B A B). Stated tolerance: ``flows`` and
 ``runnable_others`` are identical between the knob settings of one layout (they are counts; a
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from polltuned.bench import BenchSettings, bench_session
+from polltuned.bench.session import BenchSettings, bench_session
 from polltuned.clock import SystemClock
 from polltuned.host.fs import FsHost
 
