@@ -133,14 +133,22 @@ class _Meter:
         return replace(w, context={"flows": float(w.extra["sessions"])})
 
 
+class _Actuator:
+    def read(self, keys: Any) -> dict[str, Any]:
+        return {}
+
+    def apply(self, assignment: Any, *, reason: str = "") -> None:
+        return None
+
+
 def test_host_env_measure_fills_window_context() -> None:
     pol = load_policy("sim-default")
     meter = _Meter()
-    env = HostEnv(pol, actuator=None, probe=_Probe(), clock=FakeClock(), context=meter)  # type: ignore[arg-type]
+    env = HostEnv(pol, actuator=_Actuator(), probe=_Probe(), clock=FakeClock(), context=meter)
     w = env.measure(0)
     assert meter.calls == ["begin", "end"]
     assert dict(w.context) == {"flows": 2.0} and w.cpu_cores == 0.5
-    plain = HostEnv(pol, actuator=None, probe=_Probe(), clock=FakeClock())  # type: ignore[arg-type]
+    plain = HostEnv(pol, actuator=_Actuator(), probe=_Probe(), clock=FakeClock())
     assert dict(plain.measure(0).context) == {}
 
 
