@@ -524,7 +524,7 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int)
     p = pol.model_copy(update={"tuning": pol.tuning.model_copy(update={"seed": seed})})
     base = default_config(p)
     env = HorizonEnv(ScenarioEnv(p, sc, seed=seed, baseline=base), hide_context=not see_ctx)
-    study = Study.memory(p)
+    study = memory_study(p)
     space = Space.from_policy(p)
     kinds: list[str] = []
     in_force: list[dict[str, KnobValue]] = []

@@ -24,6 +24,7 @@ from polltuned.engine.env import HostEnv, TrialEnv
 from polltuned.errors import PolltunedError, UsageError
 from polltuned.host.exec import SubprocessRunner, foreign_cpu_seconds
 from polltuned.host.fs import Host
+from polltuned.metrics.context import app_by_command, host_context_meter, rate_mode_for
 from polltuned.metrics.cpu_scope import make_cpu_scope
 from polltuned.policy.edits import strip_seeds
 from polltuned.policy.loader import load_policy
@@ -245,8 +246,6 @@ def bench_context_settings(policy: Any, workload: Any, world: Any) -> dict[str, 
     the offered rate is the rate sockperf under-load sets (ping-pong, wrk and kvclient are
     closed-loop: no rate); only the bench's own processes count as peers (other users' jobs on a
     shared machine are its foreign-CPU column)."""
-    from polltuned.metrics.context import app_by_command, rate_mode_for
-
     words = {"sockperf": ("sockperf", "server"), "nginx": ("nginx",), "memcached": ("memcached",)}[workload.app]
     mode, rate = rate_mode_for(policy.probe)
     return {"app_cpus": list(world.server_cpus), "is_app": app_by_command(*words), "rate_mode": mode,
@@ -260,8 +259,6 @@ def host_env(policy: Policy, actuator: Any, probe: Any, host: Host, clock: Clock
     idle polling included), so the bench and the daemon count the same cores for the same window;
     with ``context_app`` (workload, world) its windows carry the load context
     (polltuned.metrics.context)."""
-    from polltuned.metrics.context import host_context_meter
-
     sampler = Sampler(host, clock=clock)
     scope = make_cpu_scope(policy, host, sampler, sampler.nics, clock=clock)
     meter = None

@@ -26,6 +26,7 @@ from polltuned.errors import PolltunedError
 from polltuned.host.fs import FsHost, Host
 from polltuned.host.identity import host_fingerprint
 from polltuned.host.netlink import open_link_events
+from polltuned.metrics.context import ContextMeter, host_context_meter, rate_mode_for
 from polltuned.metrics.cpu_scope import CpuScope, make_cpu_scope
 from polltuned.metrics.window import rates
 from polltuned.policy.loader import load_policy
@@ -193,8 +194,6 @@ def _context_meter(policy: Policy, host: FsHost, clock: Clock) -> Any:
     process list is the live host's) and only when app_cpus are set. The poller cannot be told
     apart by pid here, so it is counted too: as one busy task whether it spins or sleeps-and-wakes
     at >= 5 % of a core (approximate)."""
-    from polltuned.metrics.context import ContextMeter, host_context_meter, rate_mode_for
-
     mode, rate = rate_mode_for(policy.probe)
     if host.is_real and policy.app_cpus:
         return host_context_meter(clock=clock, app_cpus=list(policy.app_cpus), is_app=lambda t: False,

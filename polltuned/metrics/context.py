@@ -64,6 +64,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from polltuned.errors import PolltunedError
+from polltuned.host.procs import task_samples
+from polltuned.metrics.window import rates
 from polltuned.records import Window
 
 log = logging.getLogger("polltuned.context")
@@ -271,8 +273,6 @@ class ContextMeter:
         nic_rx: float | None = None
         if self.sampler is not None and self._s0 is not None:
             try:
-                from polltuned.metrics.window import rates
-
                 r = rates(self._s0, self.sampler.sample())
                 sec = secondary_of(r, self.app_cpus)
                 nic_rx = sec.get("nic_rx_packets_per_s")
@@ -319,8 +319,6 @@ def host_context_meter(*, clock: Any, app_cpus: Sequence[int] | None, is_app: Ca
                        descendants_of: int | None = None, within_s: float | None = None) -> ContextMeter:
     """A ContextMeter on the live host: the process list through polltuned.host.procs (only the
     descendants of ``descendants_of`` when given: the bench counts its own world's processes)."""
-    from polltuned.host.procs import task_samples
-
     return ContextMeter(monotonic=clock.monotonic, app_cpus=app_cpus,
                         tasks=lambda: tasks_from(task_samples(descendants_of)),
                         is_app=is_app, sampler=sampler, rate_mode=rate_mode, set_rate=set_rate, sockets=sockets,
