@@ -47,6 +47,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -54,11 +55,12 @@ from typing import TypeVar
 
 from polltuned.clock import Clock
 from polltuned.engine.actions import Action, Apply, Done, Measure
+from polltuned.engine.hold import Entry, HoldState, RegionMap
 from polltuned.engine.phases import Event, EventKind, Phase, WindowKind, window_kind
 from polltuned.engine.session import SessionState, Trace, TrialRecord, TuningResult, WindowObs
 from polltuned.errors import PolltunedError, UsageError
 from polltuned.objective import Score, guard_limit, model_value, penalised, score
-from polltuned.optimiser import Optimiser, make_optimiser
+from polltuned.optimiser import Optimiser, Predicting, make_optimiser
 from polltuned.optimiser.space import Space
 from polltuned.policy.schema import Policy
 from polltuned.records import KnobValue, Window
@@ -94,7 +96,8 @@ class Engine:
     def __init__(self, policy: Policy, store: Study, *, current: Mapping[str, KnobValue], clock: Clock,
                  optimiser: Optimiser | None = None, host_fingerprint: str | None = None,
                  resume: bool = False, observe: bool = False,
-                 dropped_knobs: Mapping[str, str] | None = None, fresh_shared: bool = False) -> None:
+                 dropped_knobs: Mapping[str, str] | None = None, fresh_shared: bool = False,
+                 follow: bool = False) -> None:
         self.policy = policy
         self.store = store
         self.clock = clock
@@ -106,6 +109,8 @@ class Engine:
         self.fresh_shared = fresh_shared
         self.trace = Trace()
         self.state = self._open(current, optimiser, resume=resume, observe=observe or policy.mode == "observe")
+        #: follow the load after the first decision (HOLD: fallback, table by region, challengers)
+        self.state.follow = follow and self.state.mode != "observe"
         self._events: list[Event] = []
         self._steps = self._run()
         self._pending: Apply | Measure | None = None
@@ -125,7 +130,8 @@ class Engine:
             safety_limit=math.log(1.0 + pol.guard.max_regression))
         sid = resumed.session if resumed is not None else uuid.uuid4().hex[:12]
         st = SessionState(sid, base, self.space.key_of(base), opt, mode="observe" if observe else "search",
-                          resume=resume and not observe and resumed is None, resumed=resumed)
+                          resume=resume and not observe and resumed is None, resumed=resumed,
+                          budget_end=pol.tuning.budget)
         st.best_known = dict(base)
         return st
 
@@ -185,6 +191,7 @@ class Engine:
         handlers: dict[Phase, Callable[[], Steps[Phase]]] = {
             Phase.IDLE: self._start, Phase.RESUME: self._resume, Phase.BASELINE: self._baseline,
             Phase.OBSERVE: self._observe, Phase.PROPOSE: self._search, Phase.CONFIRM: self._conclude,
+            Phase.HOLD: self._hold,
         }
         while self.state.phase is not Phase.DONE:
             self.state.phase = yield from handlers[self.state.phase]()
@@ -203,6 +210,11 @@ class Engine:
         time axis) or at the next index of the state's window clock (confirmation, hold)."""
         idx = self.state.index if at is None else at
         self.state.index = max(self.state.index, idx + 1)
+        h = self.state.hold
+        if h is not None:   # after the first decision: HOLD's accounting of every window
+            h.windows += 1
+            h.exploring += kind not in (WindowKind.HOLD, WindowKind.FALLBACK)
+            h.last_kind = kind.value
         reply = yield Measure(idx, kind, trial)
         if not isinstance(reply, Window):
             raise EngineMisuse(f"window {idx}: expected a Window, got {type(reply).__name__}")
@@ -360,11 +372,14 @@ class Engine:
                 if failed >= MAX_FAILED_BASELINE:
                     break
         if len(st.refs) == 0:
-            self._finish(st, None, "baseline could not be measured; nothing changed", stopped=st.stop)
-            self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP if st.stop else EventKind.KEEP)
-            return Phase.DONE
+            if st.result is None or st.stop:
+                self._finish(st, None, "baseline could not be measured; nothing changed", stopped=st.stop)
+                self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP if st.stop else EventKind.KEEP)
+            return self._decided(None, None, "the baseline could not be measured: the originals stay")
         if st.mode == "observe":
             return Phase.OBSERVE
+        if st.hold is not None:
+            return Phase.PROPOSE          # a region search: the class was joined (or not) at the start
         st.in_class = self.store.join_class(st.session, st.j_ref, st.refs.noise_sd())
         if st.in_class:
             self._emit(Phase.BASELINE, "this host joined its workload class: the search shares the class's "
@@ -404,9 +419,9 @@ class Engine:
 
     # ------------------------------------------------------------------ PROPOSE: the search
     def _search(self) -> Steps[Phase]:
-        st, pol = self.state, self.policy
-        while st.windows_used < pol.tuning.budget and not st.stop:
-            if st.since_ref >= st.refs.interval() and st.windows_used + 1 < pol.tuning.budget:
+        st = self.state
+        while st.windows_used < st.budget_end and not st.stop:
+            if st.since_ref >= st.refs.interval() and st.windows_used + 1 < st.budget_end:
                 self._emit(Phase.BASELINE, "reference window (the baseline, interleaved)", window=st.windows_used)
                 yield from self._reference()
                 continue
@@ -418,7 +433,7 @@ class Engine:
                 st.shared = self.store.shared_observations(st.session, st.baseline)
                 pending = self.store.pending_configs(st.session)
                 self._retell(st)
-            cfg = st.optimiser.ask(remaining=pol.tuning.budget - st.windows_used, pending=pending,
+            cfg = st.optimiser.ask(remaining=st.budget_end - st.windows_used, pending=pending,
                                    context=st.context)
             if st.in_class:
                 self.store.set_pending(st.session, cfg)
@@ -468,10 +483,10 @@ class Engine:
         """The windows of one visit; (status, reason). ``values`` collects the usable windows' J."""
         st, pol = self.state, self.policy
         visit = 0
-        while st.windows_used < pol.tuning.budget and not st.stop:
+        while st.windows_used < st.budget_end and not st.stop:
             if visit > 0 and st.since_ref >= st.refs.interval():
                 yield from self._reference()
-                if st.windows_used >= pol.tuning.budget:
+                if st.windows_used >= st.budget_end:
                     break
                 err = yield from self._apply(full, WindowKind.REPEAT)
                 if err is not None:
@@ -529,7 +544,7 @@ class Engine:
     def _another_window(self, st: SessionState, cfg: Mapping[str, KnobValue], visit: int) -> bool:
         """The ranking rule: another window while the trial could beat the incumbent by MIN_GAIN but
         has not shown it (its mean is within one standard error of that line)."""
-        if visit >= MAX_WINDOWS_PER_VISIT or st.windows_used >= self.policy.tuning.budget:
+        if visit >= MAX_WINDOWS_PER_VISIT or st.windows_used >= st.budget_end:
             return False
         key = self.space.key_of(cfg)
         mine = [o for o in st.obs if not o.reference and self.space.key_of(o.config) == key]
@@ -564,37 +579,109 @@ class Engine:
             st.shared = self.store.shared_observations(st.session, st.baseline)
         outside = [*st.prior, *st.shared]
         obs: list[tuple[Mapping[str, KnobValue], float]] = list(outside)
-        obs += [(o.config, self._told(st, o)) for o in st.obs]
         contexts: list[Mapping[str, float] | None] = [None] * len(outside)
+        obs += [(c, y) for c, y, _ in st.frozen]
+        contexts += [ctx for _, _, ctx in st.frozen]
+        obs += [(o.config, self._told(st, o)) for o in st.obs]
         contexts += [o.context for o in st.obs]
         st.optimiser.retell(obs, contexts=contexts)
         st.optimiser.set_noise(st.refs.noise_sd() * math.sqrt(1.5))
 
     # ------------------------------------------------------------------ CONFIRM: the conclusion
     def _conclude(self) -> Steps[Phase]:
+        """The search's pick, simplified, confirmed against the baseline (the originals)."""
         st = self.state
         if st.stop:
             return (yield from self._stopped())
-        rec = st.optimiser.candidate()
-        if rec is None or self.space.key_of(rec.config) == st.base_key or rec.predicted > -MIN_GAIN:
+        rec = self._pick()
+        if rec is None:
             yield from self._put_back(st.baseline)
-            self._finish(st, None, "no configuration is predicted to beat the baseline; kept")
-            self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
-            return Phase.DONE
-        cand = {**st.baseline, **rec.config}
-        simple = {**st.baseline, **st.optimiser.simplify(rec.config)}
-        if simple != cand and self.space.key_of(simple) != st.base_key:
+            why = "no configuration is predicted to beat the baseline; kept"
+            if st.result is None:
+                self._finish(st, None, why)
+                self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
+            return self._decided(None, None, why)
+        cand = {**st.baseline, **rec}
+        simple, shares = self._simplify(rec)
+        if simple != cand:
             self._emit(Phase.CONFIRM, "simplified the candidate to " + _fmt(simple, st.baseline))
             cand = simple
-        verdict = yield from self._confirm(cand)
+        verdict, a, b = yield from self._confirm(cand)
         if st.stop:
             return (yield from self._stopped())
         deployed = cand if verdict.deploy else st.baseline
         yield from self._put_back(deployed, WindowKind.CONFIRM)
         reason = ("deployed: " if verdict.deploy else "baseline kept: ") + verdict.reason
-        self._finish(st, verdict, reason, deployed=deployed, best=cand)
-        self._emit(Phase.DONE, reason, kind=EventKind.DEPLOY if verdict.deploy else EventKind.KEEP)
-        return Phase.DONE
+        if st.result is None:
+            self._finish(st, verdict, reason, deployed=deployed, best=cand)
+            self._emit(Phase.DONE, reason, kind=EventKind.DEPLOY if verdict.deploy else EventKind.KEEP)
+        level = mean_log(b if verdict.deploy else a) if (b if verdict.deploy else a) else None
+        return self._decided(verdict if verdict.deploy else None, level, reason, config=deployed,
+                             windows=len(a) + len(b), shares=shares)
+
+    def _simplify(self, cfg: Mapping[str, KnobValue]) -> tuple[dict[str, KnobValue], tuple[tuple[str, float], ...]]:
+        """Deploy only what matters: the optimiser's own simplification (knobs the model is sure do
+        not matter), then, with a model to ask (polltuned.optimiser.Predicting), every knob whose
+        reversion to the original moves the predicted log J by less than the first look of the
+        confirmation can resolve (window noise / sqrt(2 x pairs)) is reverted too — the confirmation
+        that follows measures the simplified configuration, so an unsure model is checked with
+        windows. Returns the full configuration and each changed knob's share of the predicted gain."""
+        st, space = self.state, self.space
+        cur = {**st.baseline, **st.optimiser.simplify(cfg)}
+        if space.key_of(cur) == st.base_key:
+            cur = {**st.baseline, **cfg}
+        opt = st.optimiser
+        if not isinstance(opt, Predicting):
+            return cur, ()
+        tol = st.refs.noise_sd() / math.sqrt(2.0 * self.policy.confirm.pairs)
+        while True:
+            changed = [k for k in space.keys if cur.get(k) != st.baseline.get(k)]
+            if len(changed) <= 1:
+                break
+            preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=st.context)
+            if not all(math.isfinite(m) for m, _ in preds):
+                break
+            rise = [preds[i + 1][0] - preds[0][0] for i in range(len(changed))]
+            j = min(range(len(changed)), key=lambda i: rise[i])
+            if rise[j] >= tol:
+                break
+            cur = {**cur, changed[j]: st.baseline[changed[j]]}
+        return cur, self._shares(opt, cur)
+
+    def _shares(self, opt: Predicting, cur: dict[str, KnobValue]) -> tuple[tuple[str, float], ...]:
+        """Each changed knob's share of the predicted gain: how much reverting it alone costs."""
+        st = self.state
+        changed = [k for k in self.space.keys if cur.get(k) != st.baseline.get(k)]
+        if not changed:
+            return ()
+        preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=st.context)
+        rise = [max(preds[i + 1][0] - preds[0][0], 0.0) for i in range(len(changed))]
+        tot = sum(rise)
+        if not math.isfinite(tot) or tot <= 0:
+            return tuple((k, 1.0 / len(changed)) for k in changed)
+        return tuple((k, r / tot) for k, r in zip(changed, rise))
+
+    def _pick(self) -> dict[str, KnobValue] | None:
+        """What to confirm: the optimiser's candidate (first search), or the best configuration
+        measured in this regime (a region's search: the model also holds other regions' windows).
+        None when nothing is predicted to beat the baseline by MIN_GAIN."""
+        st = self.state
+        if st.hold is None:
+            rec = st.optimiser.candidate()
+            if rec is None or self.space.key_of(rec.config) == st.base_key or rec.predicted > -MIN_GAIN:
+                return None
+            return dict(rec.config)
+        by: dict[str, list[float]] = {}
+        cfgs: dict[str, dict[str, KnobValue]] = {}
+        for o in st.obs:
+            if not o.reference and not o.aborted and not o.infeasible:
+                k = self.space.key_of(o.config)
+                by.setdefault(k, []).append(self._told(st, o))
+                cfgs[k] = dict(o.config)
+        best = min(by, key=lambda k: sum(by[k]) / len(by[k]), default=None)
+        if best is None or best == st.base_key or sum(by[best]) / len(by[best]) > -MIN_GAIN:
+            return None
+        return cfgs[best]
 
     def _stopped(self) -> Steps[Phase]:
         st = self.state
@@ -603,21 +690,25 @@ class Engine:
         self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP)
         return Phase.DONE
 
-    def _confirm(self, cand: dict[str, KnobValue]) -> Steps[Verdict]:
+    def _confirm(self, cand: dict[str, KnobValue], *, against: dict[str, KnobValue] | None = None,
+                 kind: WindowKind = WindowKind.CONFIRM) -> Steps[tuple[Verdict, list[float], list[float]]]:
         """Interleaved A/B pairs with sequential looks at ``pairs x 2^k`` (k < looks): at each look
         the candidate is deployed when its gain is significant at ``alpha / looks`` (Bonferroni over
         the looks, so the chance of deploying a non-improvement stays <= alpha) and at least
         ``min_effect``; the comparison stops early for futility when even the optimistic bound of
-        the gain is below ``min_effect``. Noisy hosts get more pairs, clear cases few."""
+        the gain is below ``min_effect``. Noisy hosts get more pairs, clear cases few. A is the
+        baseline (or ``against``: the active entry, for HOLD's challengers and fallback checks).
+        Returns the verdict and the J of both arms' windows."""
         st, pol = self.state, self.policy
         a: list[float] = []
         b: list[float] = []
+        base = against if against is not None else st.baseline
         looks = [pol.confirm.pairs * 2 ** k for k in range(pol.confirm.looks)]
         alpha = pol.confirm.alpha / len(looks)
         broke: str | None = None
         p = 0
         while broke is None and not st.stop and p < looks[-1]:
-            broke = yield from self._confirm_pair(p, cand, a, b)
+            broke = yield from self._confirm_pair(p, cand, base, a, b, kind)
             p += 1
             if p in looks and len(a) >= 2 and len(b) >= 2:
                 v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
@@ -626,38 +717,274 @@ class Engine:
         verdict = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
         if broke is not None:
             st.guard_events.append(broke)
-            self._emit(Phase.CONFIRM, broke, kind=EventKind.GUARD)
+            self._emit(Phase.HOLD if kind is not WindowKind.CONFIRM else Phase.CONFIRM, broke,
+                       kind=EventKind.GUARD)
             verdict = Verdict(verdict.baseline_samples, verdict.candidate_samples, verdict.gain, verdict.ci_low,
                               verdict.ci_high, verdict.p_value, verdict.significant, False, broke)
-        return verdict
+        return verdict, a, b
 
-    def _confirm_pair(self, p: int, cand: dict[str, KnobValue], a: list[float], b: list[float]) -> Steps[str | None]:
-        """Pair ``p``: the baseline (A) then the candidate (B); why the candidate broke, if it did."""
+    def _confirm_pair(self, p: int, cand: dict[str, KnobValue], base: dict[str, KnobValue], a: list[float],
+                      b: list[float], kind: WindowKind) -> Steps[str | None]:
+        """Pair ``p``: A (``base``) then B (``cand``); why B broke the guard, if it did. The guard
+        judges B's mean against A's windows; a challenger (CHALLENGE) is judged at every window."""
         st, pol = self.state, self.policy
         sd = st.refs.noise_sd()
-        for arm, cfg in (("A", st.baseline), ("B", cand)):
-            err = yield from self._apply(cfg, WindowKind.CONFIRM)
+        for arm, cfg in (("A", base), ("B", cand)):
+            err = yield from self._apply(cfg, kind)
             if err is not None:
                 return f"apply failed during confirmation: {err.message}"
-            idx, w = yield from self._measure(WindowKind.CONFIRM)
-            self.trace.windows.append((WindowKind.CONFIRM, dict(cfg)))
+            idx, w = yield from self._measure(kind)
+            self.trace.windows.append((kind, dict(cfg)))
             s = score(w, pol.objective, baseline_drops_per_s=st.base_drops)
-            self._log_window(st, None, WindowKind.CONFIRM, cfg, idx, s, None, hist=w.histogram)
-            self._emit(Phase.CONFIRM, f"pair {p + 1} {arm}: {_describe(s)}", window=idx,
-                       value=s.value if s.ok else None)
+            self._log_window(st, None, kind, cfg, idx, s, None, hist=w.histogram)
+            self._emit(Phase.CONFIRM if kind is WindowKind.CONFIRM else Phase.HOLD,
+                       ("" if kind is WindowKind.CONFIRM else f"{kind.value} ") + f"pair {p + 1} {arm}: {_describe(s)}",
+                       window=idx, value=s.value if s.ok else None)
             if not s.ok:
                 continue
             if not s.feasible and arm == "B":
-                return "candidate broke a constraint during confirmation: " + "; ".join(s.reasons)
+                return f"candidate broke a constraint during {_DURING[kind]}: " + "; ".join(s.reasons)
             (a if arm == "A" else b).append(s.value)
             if arm == "B" and a:
                 d = mean_log(b) - mean_log(a)
                 lim = guard_limit(pol.guard.max_regression, sd * math.sqrt(1 / len(a) + 1 / len(b)))
-                if d > lim:
-                    return (f"candidate broke the guard during confirmation: {math.exp(d) - 1:+.0%} vs "
-                            f"the baseline windows next to it (limit +{pol.guard.max_regression:.0%} "
-                            "beyond the noise)")
+                one = math.log(b[-1]) - mean_log(a)
+                one_lim = guard_limit(pol.guard.max_regression, sd * math.sqrt(1 + 1 / len(a)))
+                if d > lim or (kind is WindowKind.CHALLENGE and one > one_lim):
+                    return (f"candidate broke the guard during {_DURING[kind]}: {math.exp(d) - 1:+.0%} vs "
+                            f"the {'baseline' if kind is WindowKind.CONFIRM else 'active'} windows next to it "
+                            f"(limit +{pol.guard.max_regression:.0%} beyond the noise)")
         return None
+
+    # ------------------------------------------------------------------ HOLD: follow the load
+    def _decided(self, verdict: Verdict | None, level: float | None, why: str, *,
+                 config: Mapping[str, KnobValue] | None = None, windows: int = 0,
+                 shares: tuple[tuple[str, float], ...] = ()) -> Phase:
+        """A search's decision becomes the table entry of its load region (the originals when
+        nothing was confirmed) and the active one; then HOLD, or DONE outside follow mode."""
+        st = self.state
+        if not st.follow or st.stop:
+            return Phase.DONE
+        hp = self.policy.hold
+        if st.hold is None:
+            st.hold = HoldState(RegionMap(hp.region_radius, hp.max_regions))
+        h = st.hold
+        region = h.searching if h.searching is not None else h.regions.assign(st.context)
+        h.searching = None
+        if level is None:
+            mean = st.refs.mean_level() if verdict is None else None
+            level = mean
+        entry = Entry(region, dict(config) if verdict is not None and config is not None else dict(st.baseline),
+                      gain=verdict.gain if verdict is not None else 0.0,
+                      ci_low=verdict.ci_low if verdict is not None else math.nan,
+                      level=level if level is not None else math.nan, windows=windows, confirmed_at=st.index,
+                      why=why, is_originals=verdict is None, shares=shares if verdict is not None else ())
+        h.table[region] = entry
+        self._activate(entry, level)
+        h.note(st.index, f"region {region}: {why}")
+        self._emit(Phase.HOLD, f"HOLD: region {region} " + ("deployed " + _fmt(entry.config, st.baseline)
+                                                            if verdict is not None else "keeps the originals"))
+        return Phase.HOLD
+
+    def _activate(self, entry: Entry, level: float | None) -> None:
+        st = self.state
+        h = self._hold_state()
+        h.active, h.level = entry, (level if level is not None and math.isfinite(level) else None)
+        h.bad_streak = h.region_streak = h.since_switch = 0
+        h.region = entry.region
+        if st.result is not None:
+            st.result = dataclasses.replace(st.result, deployed=dict(entry.config),
+                                            deployed_is_baseline=self.space.key_of(entry.config) == st.base_key)
+
+    def _hold_state(self) -> HoldState:
+        if self.state.hold is None:
+            raise EngineMisuse("HOLD before the first decision")
+        return self.state.hold
+
+    def _hold(self) -> Steps[Phase]:
+        """HOLD windows under the active entry until stopped; each may start a fallback check, a
+        switch, a region search (then BASELINE) or a challenger."""
+        st = self.state
+        while not st.stop:
+            nxt = yield from self._hold_window()
+            if nxt is not None:
+                return nxt
+        h = self._hold_state()
+        active = h.active.config if h.active is not None else st.baseline
+        yield from self._put_back(active, WindowKind.HOLD)
+        verdict = st.result.verdict if st.result is not None else None
+        self._finish(st, verdict, "stopped in HOLD; the active entry stays: " + _fmt(active, st.baseline),
+                     deployed=dict(active), stopped=True)
+        self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP)
+        return Phase.DONE
+
+    def _hold_window(self) -> Steps[Phase | None]:
+        """One HOLD window and the rules in their order: fallback first, then the region's entry
+        (switch, or a search for a region never confirmed), then a challenger when one is due."""
+        st, hp = self.state, self.policy.hold
+        h = self._hold_state()
+        active = h.active
+        if active is None:
+            raise EngineMisuse("HOLD without an active entry")
+        idx, w = yield from self._measure(WindowKind.HOLD)
+        h.since_switch += 1
+        h.credit += hp.explore_share
+        self.trace.windows.append((WindowKind.HOLD, dict(active.config)))
+        s = score(w, self.policy.objective, baseline_drops_per_s=st.base_drops)
+        self._log_window(st, None, WindowKind.HOLD, active.config, idx, s, None, hist=w.histogram)
+        region = h.regions.assign(w.context)
+        h.region_streak = h.region_streak + 1 if region == h.region else 1
+        h.region = region
+        self._emit(Phase.HOLD, f"window {idx}: {_describe(s)}; load region {region}, active entry: region "
+                               f"{active.region}", window=idx, value=s.value if s.ok else None)
+        if not s.ok:
+            return None
+        if len(st.refs) == 0:   # the baseline was never measured (no traffic then): search once it flows
+            h.usable = h.usable + 1
+            return self._begin_search(active.region, self.policy.tuning.budget) if h.usable >= hp.drift_windows \
+                else None
+        if (yield from self._check_level(math.log(s.value))):
+            return None
+        if h.region_streak >= hp.switch_windows and h.since_switch >= hp.min_switch_interval:
+            entry = h.table.get(region)
+            if entry is None and hp.retune:
+                return self._begin_search(region, hp.region_budget)
+            if entry is not None and entry != active:
+                yield from self._switch(entry)
+                return None
+        if h.credit >= 2 * self.policy.confirm.pairs and h.since_switch >= hp.min_switch_interval:
+            yield from self._challenge()
+        return None
+
+    def _check_level(self, lj: float) -> Steps[bool]:
+        """Fallback first: J beyond the active entry's level by more than the guard limit (noise-
+        aware) for ``fallback_windows`` windows measures it against the originals. True when it did."""
+        st, hp = self.state, self.policy.hold
+        h = self._hold_state()
+        if h.level is None:
+            h.level = lj
+            return False
+        limit = guard_limit(self.policy.guard.max_regression, st.refs.noise_sd() * math.sqrt(1.5))
+        h.bad_streak = h.bad_streak + 1 if lj - h.level > limit else 0
+        if h.bad_streak < hp.fallback_windows:
+            return False
+        if h.active is None or h.active.is_originals:
+            h.level, h.bad_streak = lj, 0   # the originals got slower: the load moved, nothing to fall back to
+            return False
+        yield from self._fallback(h.active)
+        return True
+
+    def _fallback(self, active: Entry) -> Steps[None]:
+        """The active entry against the originals at once, interleaved; the originals replace it
+        unless it still wins with the confirmation's confidence."""
+        st = self.state
+        h = self._hold_state()
+        self._emit(Phase.HOLD, f"J above the active entry's level for {h.bad_streak} windows: measuring it "
+                               "against the originals", kind=EventKind.FALLBACK)
+        verdict, a, b = yield from self._confirm(dict(active.config), against=dict(st.baseline),
+                                                 kind=WindowKind.FALLBACK)
+        h.fallbacks += 1
+        if st.stop:
+            return
+        if verdict.deploy:
+            yield from self._put_back(active.config, WindowKind.FALLBACK)
+            h.level, h.bad_streak = mean_log(b), 0
+            h.note(st.index, f"fallback check: the active entry still wins ({verdict.reason})")
+            self._emit(Phase.HOLD, "the active entry still beats the originals: kept", kind=EventKind.KEEP)
+            return
+        orig = Entry(h.region, dict(st.baseline), 0.0, math.nan, mean_log(a) if a else math.nan,
+                     len(a) + len(b), st.index, f"fell back at window {st.index}: {verdict.reason}",
+                     is_originals=True)
+        if h.region == active.region:
+            h.table[active.region] = orig   # wrong for its own region now
+        # else the load is in another region: the entry stays for its own; that region gets searched
+        yield from self._put_back(st.baseline, WindowKind.FALLBACK)
+        self._activate(orig, orig.level)
+        h.note(st.index, orig.why)
+        self._emit(Phase.HOLD, "fell back to the originals: " + verdict.reason, kind=EventKind.FALLBACK)
+
+    def _switch(self, entry: Entry) -> Steps[None]:
+        """The load moved to a region with a confirmed entry: apply it (journaled like any apply)."""
+        st = self.state
+        h = self._hold_state()
+        err = yield from self._apply(entry.config, WindowKind.HOLD, f"switch to load region {entry.region}")
+        if err is not None:
+            self._emit(Phase.HOLD, f"switch to region {entry.region} failed: {err.message}", kind=EventKind.GUARD)
+            h.since_switch = 0
+            return
+        h.switches += 1
+        self._activate(entry, entry.level)
+        h.note(st.index, f"switched to region {entry.region}")
+        self._emit(Phase.HOLD, f"load moved to region {entry.region}: switched to its entry "
+                               + _fmt(entry.config, st.baseline), kind=EventKind.SWITCH)
+
+    def _begin_search(self, region: int, budget: int) -> Phase:
+        """A short search for ``region``: the model keeps every earlier window (frozen with its
+        told value and context), the references start again (the originals under this load)."""
+        st = self.state
+        h = self._hold_state()
+        st.frozen += [(dict(o.config), self._told(st, o), dict(o.context)) for o in st.obs]
+        st.obs = []
+        st.windows_used = max(st.windows_used, st.index)
+        st.refs.start_regime(st.windows_used)
+        st.since_ref = 0
+        st.budget_end = st.windows_used + budget
+        h.searching = region
+        h.note(st.index, f"region {region}: a {budget}-window search")
+        self._emit(Phase.BASELINE, f"load region {region} has no confirmed entry: a {budget}-window search, "
+                                   "warm-started from the model")
+        return Phase.BASELINE
+
+    def _challenge(self) -> Steps[None]:
+        """A challenger for the current load against the active entry, interleaved pairs with the
+        confirmation's sequential test; it replaces the entry only when it wins."""
+        st = self.state
+        h = self._hold_state()
+        active = h.active
+        if active is None:
+            return
+        cfg = st.optimiser.ask(remaining=None, context=st.context)
+        cand, shares = self._simplify(cfg)
+        if self.space.key_of(cand) == self.space.key_of(active.config) or self.space.key_of(cand) == st.base_key:
+            h.credit -= 1.0
+            return
+        self._emit(Phase.HOLD, "challenger " + _fmt(cand, st.baseline) + f" against region {active.region}'s entry",
+                   kind=EventKind.CHALLENGE)
+        n0 = st.index
+        verdict, a, b = yield from self._confirm(cand, against=dict(active.config), kind=WindowKind.CHALLENGE)
+        h.credit -= st.index - n0
+        y_active = math.log(max(1.0 - active.gain, 1e-9))
+        for x in b if a else []:
+            st.optimiser.tell(cand, math.log(x) - mean_log(a) + y_active, context=st.context)
+        if verdict.deploy and not st.stop:
+            keep = 1.0 - active.gain
+            new = Entry(active.region, cand, 1.0 - keep * (1.0 - verdict.gain), 1.0 - keep * (1.0 - verdict.ci_low),
+                        mean_log(b), len(a) + len(b), st.index, f"challenger won at window {st.index}: "
+                        + verdict.reason, shares=shares)
+            h.table[active.region] = new
+            yield from self._put_back(cand, WindowKind.CHALLENGE)
+            self._activate(new, new.level)
+            h.note(st.index, new.why)
+            self._emit(Phase.HOLD, "challenger replaces the entry: " + verdict.reason, kind=EventKind.DEPLOY)
+            return
+        yield from self._put_back(active.config, WindowKind.HOLD)
+        self._emit(Phase.HOLD, "challenger lost: " + verdict.reason, kind=EventKind.CHALLENGE)
+
+    def hold_status(self) -> dict[str, object]:
+        """HOLD as status shows it: the load now, the table (active marked, why), exploration."""
+        st, h = self.state, self.state.hold
+        if h is None:
+            return {}
+        act = h.active
+        return {"context": dict(st.context), "region": h.region, "regions": h.regions.to_json(),
+                "table": [{**e.to_json(st.baseline), "active": act is not None and e.region == act.region}
+                          for _, e in sorted(h.table.items())],
+                "active_region": act.region if act is not None else None,
+                "active_why": act.why if act is not None else None,
+                "windows": h.windows, "exploring": h.exploring,
+                "explore_share": h.exploring / h.windows if h.windows else 0.0,
+                "switches": h.switches, "fallbacks": h.fallbacks, "role": h.last_kind,
+                "searching": h.searching, "recent": list(h.log)}
 
     # ------------------------------------------------------------------ records
     def _log_window(self, st: SessionState, trial: int | None, kind: WindowKind, cfg: Mapping[str, KnobValue],
@@ -690,6 +1017,10 @@ class Engine:
 
     def _reason(self) -> str:
         return self.state.result.reason if self.state.result else ""
+
+
+_DURING = {WindowKind.CONFIRM: "confirmation", WindowKind.CHALLENGE: "a challenge",
+           WindowKind.FALLBACK: "the fallback check"}
 
 
 def _fmt(cfg: Mapping[str, KnobValue], base: Mapping[str, KnobValue]) -> str:

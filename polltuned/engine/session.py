@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from polltuned.engine.hold import HoldState
 from polltuned.engine.phases import Phase, WindowKind
 from polltuned.engine.reference import ReferenceSeries
 from polltuned.optimiser import Optimiser
@@ -110,6 +111,12 @@ class SessionState:
     resumed: SessionLog | None = None  # the unfinished session this one continues (replayed at start)
     index: int = 0                   # the next window's index (every window: budget, confirm, hold)
     context: Mapping[str, float] = field(default_factory=dict)  # the load the last window saw
+    budget_end: int = 0              # the search phase ends when windows_used reaches it
+    follow: bool = False             # after the first decision: HOLD (follow the load) instead of DONE
+    hold: HoldState | None = None    # HOLD's regions, table and counters (None until the first decision)
+    #: observations of earlier regimes (before a region search re-based the references), with the
+    #: told value they had then and their context: the model keeps learning from them
+    frozen: list[tuple[dict[str, KnobValue], float, Mapping[str, float]]] = field(default_factory=list)
     refs: ReferenceSeries = field(default_factory=ReferenceSeries)
     obs: list[WindowObs] = field(default_factory=list)
     prior: list[tuple[dict[str, KnobValue], float]] = field(default_factory=list)

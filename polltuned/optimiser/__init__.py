@@ -27,6 +27,7 @@ from polltuned.optimiser.base import (
     History,
     HistoryBookkeeping,
     Optimiser,
+    Predicting,
     Recommendation,
 )
 from polltuned.optimiser.space import Space
@@ -34,7 +35,7 @@ from polltuned.policy.names import OPTIMISER_NAMES
 from polltuned.records import KnobValue
 
 __all__ = ["OPTIMISERS", "OPTIMISER_NAMES", "Context", "CpuMeter", "History", "HistoryBookkeeping", "Optimiser",
-           "Recommendation", "make_optimiser"]
+           "Predicting", "Recommendation", "make_optimiser"]
 
 Factory = Callable[..., Optimiser]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -56,6 +56,14 @@ class Optimiser(Protocol):
     def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]: ...
     @property
     def cpu_seconds(self) -> float: ...
+
+
+@runtime_checkable
+class Predicting(Protocol):
+    """An optimiser with a model the engine can query (the GP): posterior (mean, sd) of y."""
+
+    def predict(self, configs: Sequence[Mapping[str, KnobValue]], *,
+                context: Context | None = None) -> list[tuple[float, float]]: ...
 
 
 @dataclass

@@ -221,6 +221,19 @@ class SkoptOptimiser(HistoryBookkeeping):
     def baseline_key(self) -> str | None:
         return self._base_key
 
+    def predict(self, configs: Sequence[Mapping[str, KnobValue]], *,
+                context: Context | None = None) -> list[tuple[float, float]]:
+        """Posterior (mean, sd) of y at ``configs`` (polltuned.optimiser.Predicting; the engine's
+        simplification and per-knob shares). ``context``: the load (ignored until the model has
+        context dimensions). Too few observations: (nan, inf) each."""
+        if len(self.hist.entries) < 3 or not configs:
+            return [(math.nan, math.inf)] * len(configs)
+        with self._cpu, _one_blas_thread():
+            model = self._fit()
+            x = np.array([self.space.encode(self.space.canonical(c)) for c in configs])
+            mu, sd = model.predict(x, return_std=True)
+        return [(float(m), float(d)) for m, d in zip(mu, sd)]
+
     def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
         """Put back, one at a time, every knob whose change the model is confident does not
         matter: the simplified configuration's posterior mean + sd stays within ``tol`` of the

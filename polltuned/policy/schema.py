@@ -260,10 +260,29 @@ class Confirm(_Strict):
 
 
 class Hold(_Strict):
+    """HOLD: the engine keeps measuring the active deployment (a window every ``interval_s``), falls
+    back to the originals when it gets worse, keeps a table of confirmed deployments by load region
+    (polltuned.engine.hold), switches between them as the load moves, and tries challengers."""
+
     interval_s: float = Field(10.0, gt=0)
-    drift_threshold: float = Field(0.3, gt=0, description="relative change that counts as drift")
-    drift_windows: int = Field(3, ge=1, description="consecutive drifted windows before re-tuning")
-    retune: bool = True
+    drift_threshold: float = Field(0.3, gt=0, description="unused since the region table replaced drift "
+                                   "detection (accepted so older policies still load)")
+    drift_windows: int = Field(3, ge=1, description="usable windows in HOLD before a round whose baseline "
+                               "could not be measured (no traffic yet) starts again")
+    retune: bool = Field(True, description="search a load region never confirmed (false: the originals there)")
+    fallback_windows: int = Field(2, ge=1, description="HOLD windows worse than the active entry's confirmed "
+                                  "level by more than the guard limit before it is measured against the "
+                                  "originals (interleaved) and replaced by them if they win")
+    region_radius: float = Field(0.7, gt=0, description="a context further than this from every region centre "
+                                 "(largest per-signal difference of log(1 + x)) founds a new load region")
+    max_regions: int = Field(4, ge=1, le=16, description="at most this many load regions in the table")
+    switch_windows: int = Field(2, ge=1, description="consecutive HOLD windows in another region before "
+                                "switching to its confirmed entry (or searching it)")
+    min_switch_interval: int = Field(4, ge=1, description="at least this many HOLD windows between two "
+                                     "switches (no flapping at a region boundary)")
+    region_budget: int = Field(12, ge=4, description="windows of the short search for a region never confirmed")
+    explore_share: float = Field(0.05, ge=0, le=0.5, description="share of HOLD windows that measure "
+                                 "challengers against the active entry (interleaved pairs)")
     verify_every: int = Field(3, ge=0, description="verify the deployed knobs every N HOLD windows (kernel reset: "
                               "re-applied; admin change: released); 0 = only on link events")
 
