@@ -269,7 +269,7 @@ def test_rollback_after_a_switch_restores_the_originals_exactly(tmp_path: Path) 
 
 
 def test_apply_actions_in_hold_name_their_kind() -> None:
-    p = policy()
+    p = policy(explore_share=0.2)
     env = FlipEnv(p)
     e = following(p, env)
     events: list[Event] = []
