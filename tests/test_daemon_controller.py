@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polltuned.clock import FakeClock
-from polltuned.daemon.controller import HOLD, RECOVER, RELOAD, ROLLBACK, STOPPED, Controller, DriftDetector
-from polltuned.engine.actions import Action, Apply, Done
-from polltuned.engine.phases import Event, Phase, WindowKind
+from polltuned.daemon.controller import HOLD, RECOVER, RELOAD, ROLLBACK, STOPPED, Controller
+from polltuned.engine.actions import Action, Apply, Done, Measure
+from polltuned.engine.phases import Event, EventKind, Phase, WindowKind
+from polltuned.engine.session import TuningResult
 from polltuned.errors import PolltunedError
 from polltuned.policy.loader import policy_from_dict
 from polltuned.policy.schema import Policy
@@ -52,7 +53,8 @@ class FakeActuator:
 
 class FakeEngine:
     """The engine's ask/tell API with scripted phases: one event per step (APPLY writes the
-    actuator), each step an Apply the env ignores; then Done with ``deployed``."""
+    actuator), each step an Apply the env ignores; then a DEPLOY decision and HOLD windows (as the
+    real engine in follow mode) until stopped; then Done with ``deployed``."""
 
     def __init__(self, actuator: FakeActuator, phases: list[str], *, baseline_value: float = 1.0) -> None:
         self.actuator = actuator
@@ -60,21 +62,32 @@ class FakeEngine:
         self.stopped = False
         self.baseline_value = baseline_value
         self.i = 0
+        self.holds = 0
         self.events: list[Event] = []
+        self.waiting = False
 
     def next_action(self) -> Action:
-        if self.stopped or self.i >= len(self.phases):
+        assert not self.waiting, "asked again without observing the HOLD window"
+        if self.stopped:
             return Done(result_with({"net.core.busy_poll": 50}, baseline_value=self.baseline_value))
-        p = self.phases[self.i]
-        if p == "APPLY":
-            self.actuator.values["net.core.busy_poll"] = 50
-            self.actuator.dirty = True
-        self.events.append(Event(Phase(p), f"step {self.i}", trial=self.i))
-        self.i += 1
-        return Apply({}, WindowKind.TRIAL)
+        if self.i < len(self.phases):
+            p = self.phases[self.i]
+            if p == "APPLY":
+                self.actuator.values["net.core.busy_poll"] = 50
+                self.actuator.dirty = True
+            self.events.append(Event(Phase(p), f"step {self.i}", trial=self.i))
+            self.i += 1
+            return Apply({}, WindowKind.TRIAL)
+        if self.holds == 0:
+            self.events.append(Event(Phase.DONE, "deployed", kind=EventKind.DEPLOY))
+        self.events.append(Event(Phase.HOLD, f"hold window {self.holds}"))
+        self.holds += 1
+        self.waiting = True
+        return Measure(100 + self.holds, WindowKind.HOLD)
 
     def observe(self, window: Window) -> None:
-        raise AssertionError("the fake engine never asks for a window")
+        assert self.waiting
+        self.waiting = False
 
     def apply_failed(self, error: PolltunedError) -> None:
         raise AssertionError("FakeEnv.apply never fails")
@@ -85,6 +98,13 @@ class FakeEngine:
 
     def request_stop(self) -> None:
         self.stopped = True
+
+    @property
+    def result(self) -> TuningResult | None:
+        return None
+
+    def hold_status(self) -> dict[str, object]:
+        return {"windows": self.holds} if self.holds else {}
 
 
 class FakeEnv:
@@ -147,23 +167,33 @@ def test_on_exit_keep_leaves_deployed_values() -> None:
     assert c.phase == STOPPED
 
 
-def test_hold_detects_drift_and_retunes_without_real_sleep() -> None:
+def test_hold_windows_wait_the_interval_on_the_clock_and_max_rounds_counts_decisions() -> None:
     act = FakeActuator()
-    made: list[int] = []
     clock = FakeClock()
+    engines: list[FakeEngine] = []
 
     def make(p: Policy, e: Any) -> FakeEngine:
-        made.append(1)
-        return FakeEngine(act, ["APPLY"])
+        engines.append(FakeEngine(act, ["APPLY"]))
+        return engines[-1]
 
-    # three reference windows at ~100 µs, then the workload moves to 300 µs for two windows
-    env = FakeEnv([100, 102, 98, 300, 310, 100, 100, 100, 100])
-    c = Controller(policy=_policy(), actuator=act, env=env, make_engine=make, clock=clock, max_rounds=2)
+    env = FakeEnv([100.0] * 20)
+    c = Controller(policy=_policy(), actuator=act, env=env, make_engine=make, clock=clock, max_rounds=1)
     phases = list(c.steps())
-    assert len(made) == 2, "drift did not trigger a second (warm-started) tuning round"
-    assert HOLD in phases
-    assert sum(clock.slept) >= 2.0 * 5  # slept through the injected clock only
-    assert env.calls == 5
+    assert len(engines) == 1 and engines[0].stopped, "the first decision did not end a max_rounds=1 run"
+    assert phases[-1] == STOPPED and act.rollbacks == 1
+
+
+def test_hold_windows_sleep_through_the_injected_clock() -> None:
+    act = FakeActuator()
+    clock = FakeClock()
+    env = FakeEnv([100.0] * 50)
+    c = Controller(policy=_policy(), actuator=act, env=env, make_engine=lambda p, e: FakeEngine(act, ["APPLY"]),
+                   clock=clock)
+    for phase in c.steps():
+        if phase == HOLD and env.calls >= 5:
+            c.request_stop()
+    assert env.calls == 5 and sum(clock.slept) >= 2.0 * 5   # interval_s before each HOLD window
+    assert c.hold == {"windows": 6}                          # the engine's HOLD status, relayed
 
 
 def test_stop_request_during_hold_exits_and_restores() -> None:
@@ -200,15 +230,6 @@ def test_reload_swaps_policy_and_retunes() -> None:
     assert seen[:2] == ["t", "second"]
 
 
-def test_drift_detector_needs_consecutive_windows() -> None:
-    d = DriftDetector(threshold=0.5, needed=2, ref_windows=2)
-    assert not d.observe({"x": 10}) and not d.observe({"x": 10})
-    assert not d.observe({"x": 20})  # +100 %: streak 1
-    assert not d.observe({"x": 10})  # back: streak reset
-    assert not d.observe({"x": 30})
-    assert d.observe({"x": 30})
-
-
 def test_service_signal_handlers_keep_default_action_in_forked_children(tmp_path: Any) -> None:
     """pyroute2 forks children for netns sockets and SIGTERMs them: they must die, not set our flags."""
     import os
@@ -240,33 +261,6 @@ def test_service_signal_handlers_keep_default_action_in_forked_children(tmp_path
         assert svc.flags.stop
     finally:
         signal.signal(signal.SIGTERM, old)
-
-
-def no_baseline_engine(act: FakeActuator) -> FakeEngine:
-    """A round whose baseline could not be measured (the service had no traffic yet)."""
-    return FakeEngine(act, ["BASELINE"], baseline_value=float("nan"))
-
-
-def test_hold_retunes_when_the_probe_starts_working_after_a_failed_baseline() -> None:
-    act = FakeActuator()
-    made: list[str] = []
-
-    class FlakyEnv(FakeEnv):
-        def measure(self, window_index: int) -> Window:
-            self.calls += 1
-            if self.calls <= 3:
-                return Window.failed("no traffic yet")
-            return Window(ok=True, latency={"p99": 100.0}, cpu_cores=0.1)
-
-    def make(p: Policy, e: Any) -> FakeEngine:
-        made.append("x")
-        return no_baseline_engine(act) if len(made) == 1 else FakeEngine(act, ["APPLY"])
-
-    env = FlakyEnv([1.0])
-    c = Controller(policy=_policy(), actuator=act, env=env, make_engine=make, clock=FakeClock(), max_rounds=2)
-    list(c.steps())
-    assert len(made) == 2, "the daemon never retried after the probe started working"
-    assert env.calls == 3 + 2  # three failed windows, then drift_windows (2) usable ones
 
 
 # ---- reload (SIGHUP) in every phase: re-tune with the new policy, never exit because of it ----

@@ -25,8 +25,9 @@ from polltuned.daemon.render import render_status
 from polltuned.daemon.statusdoc import build_status
 from polltuned.daemon.watch import Watcher, summarize
 from polltuned.daemon.wiring import build_daemon
-from polltuned.engine.actions import Action, Apply, Done
-from polltuned.engine.phases import Event, Phase, WindowKind
+from polltuned.engine.actions import Action, Apply, Done, Measure
+from polltuned.engine.phases import Event, EventKind, Phase, WindowKind
+from polltuned.engine.session import TuningResult
 from polltuned.errors import PolicyError, PolltunedError
 from polltuned.host.fs import FsHost
 from polltuned.host.netlink import (
@@ -94,23 +95,30 @@ def make_actuator(root: Path, state: Path, clock: FakeClock) -> Actuator:
 
 
 class DeployingEngine:
-    """Deploys ``config`` through the actuator, as the engine does at the end of CONFIRM."""
+    """Deploys ``config`` through the actuator, as the engine does at the end of CONFIRM, then
+    asks for HOLD windows (as the engine in follow mode) until stopped."""
 
     def __init__(self, act: Actuator, config: Mapping[str, KnobValue]) -> None:
         self.act, self.config = act, dict(config)
         self.events: list[Event] = []
         self.deployed = False
+        self.stopped = False
+        self.holds = 0
 
     def next_action(self) -> Action:
-        if self.deployed:
+        if self.stopped:
             return Done(result_with(self.config))
-        self.act.apply(self.config, reason="deploy")
-        self.deployed = True
-        self.events.append(Event(Phase.APPLY, "deployed"))
-        return Apply({}, WindowKind.CONFIRM)
+        if not self.deployed:
+            self.act.apply(self.config, reason="deploy")
+            self.deployed = True
+            self.events.append(Event(Phase.APPLY, "deployed", kind=EventKind.DEPLOY))
+            return Apply({}, WindowKind.CONFIRM)
+        self.holds += 1
+        self.events.append(Event(Phase.HOLD, f"hold window {self.holds}"))
+        return Measure(self.holds, WindowKind.HOLD)
 
     def observe(self, window: Window) -> None:
-        raise AssertionError("never asks for a window")
+        pass
 
     def apply_failed(self, error: PolltunedError) -> None:
         raise AssertionError("SteadyEnv.apply never fails")
@@ -120,7 +128,14 @@ class DeployingEngine:
         return out
 
     def request_stop(self) -> None:
-        pass
+        self.stopped = True
+
+    @property
+    def result(self) -> TuningResult | None:
+        return result_with(self.config) if self.deployed else None
+
+    def hold_status(self) -> dict[str, object]:
+        return {}
 
 
 @dataclass

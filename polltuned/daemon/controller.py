@@ -1,41 +1,38 @@
 """The controller: DESIGN.md's state machine, driven by an injected clock.
 
-    RECOVER -> BASELINE -> PROPOSE -> APPLY -> SETTLE -> MEASURE -> SCORE -> (PROPOSE | CONFIRM) -> HOLD
-                                                                                        |            |
-                                                                                   ROLLBACK    drift: re-tune
+    RECOVER -> engine (BASELINE -> PROPOSE/APPLY/SETTLE/MEASURE/SCORE -> CONFIRM -> HOLD ...) -> ROLLBACK | STOPPED
 
-A reload (SIGHUP) is accepted in every phase and never ends the daemon: a tuning round in progress
-ends safely (the engine puts its baseline back), HOLD stops watching, and a new round starts with
-the new policy (RELOAD). Knobs the new policy no longer names go back to their originals first.
+The tuning session — search, confirmation and HOLD (fallback to the originals, the table of
+confirmed deployments by load region, switches, challengers) — is the engine's
+(polltuned.engine.core.Engine, ``follow=True``). The controller drives it step by step:
+``next_action()``, then the Apply or Measure against the env, then ``observe``/``apply_failed``,
+and relays its typed events (one Phase enum; guard events recognised by their EventKind). So
+between any two steps it can publish status, ping the watchdog and act on a stop or a reload.
+Before each HOLD window it sleeps ``hold.interval_s`` in slices of at most a second (watchdog,
+signals, link events verified at once) and after it runs the watcher's verification
+(polltuned.daemon.watch, every ``hold.verify_every`` HOLD windows).
 
-The search phases (BASELINE … CONFIRM, RESUME, OBSERVE) are the tuning engine's
-(polltuned.engine.core.Engine). The controller drives it step by step — ``next_action()``, then
-the Apply or Measure against the env, then ``observe``/``apply_failed`` — and relays its typed
-events (one Phase enum; guard events recognised by their EventKind), so between any two steps it
-can publish status, ping the watchdog and act on a stop or a reload.
-The controller adds RECOVER (journal replay and repair before
-anything else), HOLD (watch the workload, re-tune on drift, warm-started) and the exit path
-(ROLLBACK to the baselines, or keep the deployed configuration, as the policy's on_exit says).
+The controller adds RECOVER (journal replay and repair before anything else), RELOAD (SIGHUP, in
+every phase: the running session ends safely and a new one starts with the new policy; knobs the
+new policy no longer names go back to their originals first) and the exit path (ROLLBACK to the
+baselines, or keep the deployed configuration, as the policy's on_exit says). ``max_rounds`` ends
+the run after that many deploy/keep decisions (or finished sessions).
 
-It is a generator: :meth:`Controller.steps` yields after every phase change, window and trial, so
-the service loop can ping the watchdog, publish status and react to signals between steps. It
-never sleeps except through the injected clock, so tests drive it with a FakeClock.
+It is a generator: :meth:`Controller.steps` yields after every phase change and window, and never
+sleeps except through the injected clock, so tests drive it with a FakeClock.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from polltuned.clock import Clock
 from polltuned.engine.actions import Action, Apply, Done, Measure
 from polltuned.engine.env import TrialEnv
-from polltuned.engine.phases import Event, EventKind, Phase
+from polltuned.engine.phases import Event, EventKind, Phase, WindowKind
 from polltuned.engine.session import TuningResult
 from polltuned.errors import PolltunedError
 from polltuned.policy.schema import Policy
@@ -50,11 +47,11 @@ STOPPED = Phase.STOPPED
 IDLE = Phase.IDLE
 RELOAD = Phase.RELOAD
 
-#: the window index of HOLD window 0 (the daemon's HOLD windows are numbered apart from the round's)
-HOLD_INDEX_BASE = 10_000
 #: events the controller lists as guard events in status (a trial aborted or an apply failed and
-#: the baseline went back; the workload shifted under the search)
-GUARD_KINDS = frozenset({EventKind.GUARD, EventKind.SHIFT})
+#: the baseline went back; the workload shifted under the search; HOLD fell back to the originals)
+GUARD_KINDS = frozenset({EventKind.GUARD, EventKind.SHIFT, EventKind.FALLBACK})
+#: the engine's decisions ``max_rounds`` counts (a deployment, or the baseline / active entry kept)
+DECISION_KINDS = frozenset({EventKind.DEPLOY, EventKind.KEEP})
 
 
 class EngineLike(Protocol):
@@ -65,6 +62,9 @@ class EngineLike(Protocol):
     def apply_failed(self, error: PolltunedError) -> None: ...
     def drain_events(self) -> list[Event]: ...
     def request_stop(self) -> None: ...
+    @property
+    def result(self) -> TuningResult | None: ...
+    def hold_status(self) -> dict[str, object]: ...
 
 
 class ActuatorLike(Protocol):
@@ -80,51 +80,8 @@ class WatcherLike(Protocol):
     def step(self, *, window: int | None, every: int, deployed: Mapping[str, KnobValue]) -> object: ...
 
 
-class WorkloadMeter(Protocol):
-    """Counters view used in HOLD to notice workload drift: one number per signal per window."""
-
-    def begin(self) -> None: ...
-    def end(self) -> Mapping[str, float]: ...
-
-
 #: builds the engine of one tuning round for (policy, env)
 EngineFactory = Callable[[Policy, TrialEnv], EngineLike]
-
-
-@dataclass
-class DriftDetector:
-    """Relative drift of each signal against a reference formed by the first ``ref_windows`` windows.
-
-    A signal counts as drifted when |x - ref| / ref > threshold; drift is declared after
-    ``needed`` consecutive drifted windows (any signal)."""
-
-    threshold: float
-    needed: int
-    ref_windows: int = 3
-    _samples: dict[str, list[float]] = field(default_factory=dict)
-    _ref: dict[str, float] = field(default_factory=dict)
-    streak: int = 0
-    last: dict[str, float] = field(default_factory=dict)
-
-    def observe(self, signals: Mapping[str, float]) -> bool:
-        drifted = False
-        self.last = {}
-        for name, x in signals.items():
-            if not math.isfinite(x):
-                continue
-            if name not in self._ref:
-                self._samples.setdefault(name, []).append(x)
-                if len(self._samples[name]) >= self.ref_windows:
-                    self._ref[name] = statistics.median(self._samples[name])
-                continue
-            ref = self._ref[name]
-            scale = max(abs(ref), 1e-9)
-            rel = abs(x - ref) / scale
-            self.last[name] = rel
-            if rel > self.threshold:
-                drifted = True
-        self.streak = self.streak + 1 if drifted else 0
-        return self.streak >= self.needed
 
 
 class Controller:
@@ -136,7 +93,6 @@ class Controller:
         env: TrialEnv,
         make_engine: EngineFactory,
         clock: Clock,
-        meter: WorkloadMeter | None = None,
         max_rounds: int | None = None,
         kept: bool = False,
         forget_kept: Callable[[], None] | None = None,
@@ -152,7 +108,6 @@ class Controller:
         self.env = env
         self.make_engine = make_engine
         self.clock = clock
-        self.meter = meter
         self.max_rounds = max_rounds
         self.phase: Phase = IDLE
         self.message = ""
@@ -161,12 +116,15 @@ class Controller:
         self.events: deque[dict[str, object]] = deque(maxlen=50)
         self.guard_events: deque[dict[str, object]] = deque(maxlen=10)
         self.guard_aborts = 0   # every guard event since start (guard_events keeps the last 10)
+        self.decisions = 0      # deploy/keep decisions of the engine since start (max_rounds counts them)
+        self.hold_windows = 0   # HOLD windows since start (the watcher's verification schedule)
         #: the last finished round's result (None before the first one ends)
         self.result: TuningResult | None = None
         self.recovery: dict[str, object] = {}
         self.hold: dict[str, object] = {}
         self.reloads: deque[dict[str, object]] = deque(maxlen=10)
         self._engine: EngineLike | None = None
+        self._ending = False    # the engine was asked to stop because max_rounds is reached
         self._stop = False
         self._pending_policy: Policy | None = None
 
@@ -252,10 +210,10 @@ class Controller:
                 yield from self._tune_round()
                 if self._pending_policy is not None and not self._stop:
                     continue  # cut short by a reload: the next round runs the new policy
-                if self._stop or (self.max_rounds is not None and self.round >= self.max_rounds):
+                if self._stop or self._rounds_done():
                     break
-                retune = yield from self._hold()
-                if not retune:
+                # the session ended on its own (observe mode): nothing to do until a stop or a reload
+                if not (yield from self._idle()):
                     break
             exited = True
             yield from self._exit_steps()
@@ -288,82 +246,80 @@ class Controller:
         self._set(RELOAD, f"re-tuning with policy {new.name}")
         yield self.phase
 
-    def _tune_round(self) -> Iterator[str]:
-        """One round: drive the engine until it is done (its result becomes ``self.result``)."""
+    def _rounds_done(self) -> bool:
+        return self.max_rounds is not None and (self.round >= self.max_rounds or self.decisions >= self.max_rounds)
+
+    def _tune_round(self) -> Generator[str, None, None]:
+        """One engine session: drive it until it is done (its result becomes ``self.result``)."""
         engine = self.make_engine(self.policy, self.env)
         self._engine = engine
+        self._ending = False
         if self._stop:
             engine.request_stop()
         try:
             while True:
                 action = engine.next_action()
-                yield from self._relay(engine.drain_events())
+                yield from self._relay(engine, engine.drain_events())
+                self.result = engine.result
+                self.hold = engine.hold_status()
                 if isinstance(action, Done):
                     self.result = action.result
                     return
-                self._perform(engine, action)
+                yield from self._perform(engine, action)
         finally:
             self._engine = None
 
-    def _relay(self, events: list[Event]) -> Iterator[str]:
-        """Publish the engine's events as the controller's phase (one step each)."""
+    def _relay(self, engine: EngineLike, events: list[Event]) -> Iterator[str]:
+        """Publish the engine's events as the controller's phase (one step each); count guard
+        events and decisions (``max_rounds`` reached: the engine is asked to stop)."""
         for ev in events:
             self._set(ev.phase, ev.message, ev.trial)
             if ev.kind in GUARD_KINDS:
                 self.guard_events.append({"t": self.clock.wall(), "trial": ev.trial, "message": ev.message})
                 self.guard_aborts += 1
+            if ev.kind in DECISION_KINDS:
+                self.decisions += 1
+                if self._rounds_done():   # N decisions, or the N-th round (after reloads) decided
+                    self._ending = True
+                    engine.request_stop()
             yield self.phase
 
-    def _perform(self, engine: EngineLike, action: Apply | Measure) -> None:
+    def _perform(self, engine: EngineLike, action: Apply | Measure) -> Iterator[str]:
         """Carry out the engine's action against the env and hand the outcome back. An apply that
-        raises left the host unchanged (the actuator is transactional): the engine is told so."""
+        raises left the host unchanged (the actuator is transactional): the engine is told so. A
+        HOLD window waits ``hold.interval_s`` first; a stop or reload during that wait answers it
+        with a failed window (the engine then ends the session) instead of measuring one more."""
         if isinstance(action, Apply):
             try:
                 self.env.apply(action.config)
             except PolltunedError as e:
                 engine.apply_failed(e)
             return
-        engine.observe(self.env.measure(action.index))
+        if action.kind is not WindowKind.HOLD:
+            engine.observe(self._measure(action.index))
+            return
+        if not self._ending:
+            yield from self._sleep_interval()
+        if self._stop or self._pending_policy is not None or self._ending:
+            engine.observe(Window.failed("interrupted: the daemon is stopping or reloading"))
+            return
+        engine.observe(self._measure(action.index))
+        self.hold_windows += 1
+        self._watch(self.hold_windows)      # every hold.verify_every HOLD windows
 
-    def _hold(self) -> Generator[str, None, bool]:
-        """Watch the deployed configuration; return True to re-tune on sustained drift."""
-        hp = self.policy.hold
-        det = DriftDetector(threshold=hp.drift_threshold, needed=hp.drift_windows)
-        self._set(HOLD, "watching for workload drift")
-        self.hold = {"windows": 0, "drift_streak": 0}
+    def _measure(self, index: int) -> Window:
+        try:
+            return self.env.measure(index)
+        except PolltunedError as e:
+            return Window.failed(e.message)
+
+    def _idle(self) -> Generator[str, None, bool]:
+        """Wait (watching the knobs) until a stop (False) or a reload (True: the next round)."""
+        self._set(HOLD, "session ended: waiting for a reload or a stop")
         yield self.phase
-        i = 0
-        usable = 0
-        no_baseline = self.result is None or not math.isfinite(self.result.baseline_value)
         while not self._stop and self._pending_policy is None:
             yield from self._sleep_interval()
-            if self._stop or self._pending_policy is not None:
-                break
-            w, signals = self._hold_window(i)
-            i += 1
-            self._watch(i)          # every hold.verify_every windows
-            if no_baseline and w.ok:
-                # the last round could not measure a baseline (no traffic yet): tune once the probe works
-                usable += 1
-                if usable >= hp.drift_windows:
-                    self._set(HOLD, f"probe works again for {usable} windows: tuning (the last round had no baseline)")
-                    yield self.phase
-                    return True
-            drift = det.observe(signals)
-            self.hold = {"windows": i, "drift_streak": det.streak, "last_window": w.to_json(),
-                         "relative_change": det.last, "signals": signals}
-            self._set(HOLD, f"window {i}: " + (
-                ", ".join(f"{k} {v:+.0%}" for k, v in det.last.items()) if det.last else "collecting reference"))
-            yield self.phase
-            if drift and hp.retune:
-                self._set(HOLD, f"workload drift for {det.streak} windows: re-tuning (warm start)")
-                yield self.phase
-                return True
-        if self._pending_policy is not None and not self._stop:
-            self._set(HOLD, "reload requested: re-tuning with the new policy")
-            yield self.phase
-            return True
-        return False
+        return self._pending_policy is not None and not self._stop
 
     def _sleep_interval(self) -> Iterator[str]:
         """Sleep one hold interval in slices of at most 1 s, so the service can ping the watchdog
@@ -375,29 +331,6 @@ class Controller:
             remaining -= step
             self._watch(None)
             yield self.phase
-
-    def _hold_window(self, i: int) -> tuple[Window, dict[str, float]]:
-        """HOLD window ``i`` under the deployed configuration, with the counters' workload signals
-        over it and the objective's latency statistic (``latency_us``)."""
-        signals: dict[str, float] = {}
-        if self.meter is not None:
-            try:
-                self.meter.begin()
-            except PolltunedError as e:
-                log.warning("HOLD: counters unavailable: %s", e.message)
-        try:
-            w = self.env.measure(HOLD_INDEX_BASE + i)
-        except PolltunedError as e:
-            w = Window.failed(e.message)
-        if self.meter is not None:
-            try:
-                signals.update(self.meter.end())
-            except PolltunedError as e:
-                log.warning("HOLD: counters unavailable: %s", e.message)
-        stat = w.stat(self.policy.objective.statistic) if w.ok else None
-        if stat is not None:
-            signals["latency_us"] = stat
-        return w, signals
 
     def _watch(self, window: int | None) -> None:
         if self.watcher is not None:

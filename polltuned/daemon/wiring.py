@@ -236,12 +236,12 @@ def build_daemon(*, policy: Policy, host_root: str, state_dir: str, clock: Clock
         # the first round of a run may re-apply a confirmed deployment instead of searching again
         return build_engine(pol, built[key], daemon.study, clock,
                             host_fingerprint=host_fingerprint(host, pol.nic), resume=rounds["n"] == 1,
-                            observe=observe, dropped=daemon.dropped_knobs)
+                            observe=observe, dropped=daemon.dropped_knobs, follow=True)
 
 
     watcher = Watcher(actuator, clock, open_events=lambda: open_link_events(host))
     controller = Controller(policy=policy, actuator=actuator, env=env, make_engine=make_engine, clock=clock,
-                            meter=counters if policy.probe.kind != "sim" else None, max_rounds=max_rounds,
+                            max_rounds=max_rounds,
                             watcher=watcher)
     daemon = Daemon(policy, host, actuator, controller, counters, sd, dropped, windows, watcher=watcher,
                     requested=requested)

@@ -110,7 +110,9 @@ def build_env(policy: Policy, actuator: Any, probe: Probe, clock: Clock, *,
 
 def build_engine(policy: Policy, env: TrialEnv, store: Study, clock: Clock, *, optimiser: Optimiser | None = None,
                  host_fingerprint: str | None = None, resume: bool = False, observe: bool = False,
-                 dropped: Mapping[str, str] | None = None) -> Engine:
-    """An engine for ``env``'s host: its current values are the session's baseline."""
+                 dropped: Mapping[str, str] | None = None, follow: bool = False) -> Engine:
+    """An engine for ``env``'s host: its current values are the session's baseline. ``follow``:
+    HOLD after the first decision (the daemon) instead of finishing (``sim``, the bench)."""
     return Engine(policy, store, current=env.current(), clock=clock, optimiser=optimiser,
-                  host_fingerprint=host_fingerprint, resume=resume, observe=observe, dropped_knobs=dropped)
+                  host_fingerprint=host_fingerprint, resume=resume, observe=observe, dropped_knobs=dropped,
+                  follow=follow)

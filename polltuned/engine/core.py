@@ -295,7 +295,7 @@ class Engine:
                 yield from self._put_back(cand, WindowKind.RESUME)
                 self._finish(st, verdict, "resumed: " + verdict.reason, deployed=cand, mode="resume")
                 self._emit(Phase.DONE, self._reason(), kind=EventKind.DEPLOY)
-                return Phase.DONE
+                return self._decided(verdict, _mean_log(b), self._reason(), config=cand, windows=len(a) + len(b))
             self._emit(Phase.RESUME, f"the confirmed configuration is {math.exp(d) - 1:+.1%} vs baseline now: "
                                      "searching again")
         else:
@@ -814,7 +814,7 @@ class Engine:
         yield from self._put_back(active, WindowKind.HOLD)
         verdict = st.result.verdict if st.result is not None else None
         self._finish(st, verdict, "stopped in HOLD; the active entry stays: " + _fmt(active, st.baseline),
-                     deployed=dict(active), stopped=True)
+                     deployed=dict(active), stopped=True, mode=st.mode)
         self._emit(Phase.DONE, self._reason(), kind=EventKind.STOP)
         return Phase.DONE
 
