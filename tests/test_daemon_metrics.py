@@ -140,7 +140,7 @@ def test_metric_names_follow_the_rules(finished: tuple[Daemon, dict[str, Any]]) 
 
 
 def full_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The finished daemon's document plus the blocks a HOLD / real host fills (per-CPU counters, HOLD drift,
+    """The finished daemon's document plus the blocks a HOLD / real host fills (per-CPU counters, HOLD's table,
     the CPU scope) and a verification block (not produced by statusdoc yet: exported when present)."""
     out = dict(doc)
     out["counters"] = {"interval_s": 1.0, "unavailable": {}, "cpus": [
@@ -148,8 +148,10 @@ def full_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
          "runq_wait_ms_per_s": 25.0},
         {"cpu": 1, "net_rx_per_s": 3.0, "irqs_per_s": None, "softirq": 0.0, "system": 0.02,
          "runq_wait_ms_per_s": None}]}
-    out["hold"] = {"windows": 7, "drift_streak": 2, "relative_change": {"latency_us": 0.41, "net_rx_per_s": -0.05},
-                   "signals": {"latency_us": 31.0, "net_rx_per_s": 1203.0}}
+    out["hold"] = {"windows": 40, "exploring": 3, "explore_share": 0.075, "switches": 1, "fallbacks": 1,
+                   "active_region": 1, "context": {"rate_pps": 52000.0, "flows": 16.0},
+                   "table": [{"region": 0, "gain": 0.0, "ci_low": None, "active": False, "originals": True},
+                             {"region": 1, "gain": 0.42, "ci_low": 0.31, "active": True, "originals": False}]}
     out["cpu_scope"] = {"kind": "cpus", "scope": "cpus 0 (nic queues + app)", "fallbacks": [], "last_cores": 0.43,
                         "cpus": [0]}
     out["verification"] = {"t": 99.0, "ok": False, "rows": [{"key": "a", "state": "holds"},
@@ -160,14 +162,20 @@ def full_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
 def test_optional_blocks_exported_when_present_absent_otherwise(finished: tuple[Daemon, dict[str, Any]]) -> None:
     _, doc = finished
     bare = {m.name for m in metrics_from_status(doc)}
-    assert not {"polltuned_last_verification_ok", "polltuned_cpu_scope", "polltuned_hold_drift_ratio"} & bare
+    assert not {"polltuned_last_verification_ok", "polltuned_cpu_scope"} & bare
+    assert "polltuned_hold_entry_gain" in bare     # the daemon reached HOLD: its table is exported
     fams = {m.name: m for m in metrics_from_status(full_doc(doc))}
     by = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in fams.values() for s in m.samples}
     assert by[("polltuned_cpu_net_rx_softirqs_per_second", (("cpu", "0"),))] == 1200.0
     assert by[("polltuned_cpu_system_ratio", (("cpu", "1"),))] == 0.02
     assert ("polltuned_cpu_nic_irqs_per_second", (("cpu", "1"),)) not in by      # unavailable: no sample, not 0
-    assert by[("polltuned_hold_drift_ratio", (("signal", "latency_us"),))] == 0.41
-    assert by[("polltuned_hold_drift_streak_windows", ())] == 2
+    assert by[("polltuned_hold_context", (("signal", "flows"),))] == 16.0
+    assert by[("polltuned_hold_entry_gain", (("active", "true"), ("originals", "false"), ("region", "1")))] == 0.42
+    assert by[("polltuned_hold_entry_gain_ci_low", (("active", "true"), ("originals", "false"),
+                                                    ("region", "1")))] == 0.31
+    assert ("polltuned_hold_entry_gain_ci_low", (("active", "false"), ("originals", "true"), ("region", "0"))) \
+        not in by                                                                   # no CI: no sample, not 0
+    assert by[("polltuned_hold_explore_share", ())] == 0.075 and by[("polltuned_hold_active_region", ())] == 1
     assert by[("polltuned_cpu_scope_info", (("kind", "cpus"), ("scope", "cpus 0 (nic queues + app)")))] == 1
     assert by[("polltuned_last_verification_ok", ())] == 0
     assert by[("polltuned_last_verification_knobs", (("state", "admin-changed"),))] == 1

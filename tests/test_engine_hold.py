@@ -283,3 +283,21 @@ def test_apply_actions_in_hold_name_their_kind() -> None:
         assert not isinstance(act, Done)
         perform(e, env, act)
     assert WindowKind.CHALLENGE in seen
+
+
+def test_status_shows_the_context_the_table_and_exploration() -> None:
+    from polltuned.daemon.render import hold_lines
+
+    p = policy()
+    env = FlipEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    hold_windows_until_hold(e, env, events)
+    env.load = "shared"
+    until_entry(e, env, 1, events)
+    doc = e.hold_status()
+    lines = "\n".join(hold_lines(doc))
+    assert "load now: sessions 1" in lines and "(the originals)" in lines and "busy_read=" in lines
+    active = [ln for ln in lines.splitlines() if ln.startswith("* ")]
+    assert len(active) == 1 and active[0].startswith("* 1"), lines
+    assert isinstance(doc["exploring"], int) and doc["exploring"] > 0

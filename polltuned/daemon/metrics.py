@@ -195,23 +195,41 @@ def _guard_hold(doc: Mapping[str, Any]) -> Iterator[Metric]:
     hold = _map(doc.get("hold"))
     if not hold:
         return
-    yield from _gauge("polltuned_hold_windows", "windows watched in the current HOLD", hold.get("windows"))
-    yield from _gauge("polltuned_hold_drift_streak_windows", "consecutive drifted windows (re-tune at "
-                      "hold.drift_windows)", hold.get("drift_streak"))
-    rel = GaugeMetricFamily("polltuned_hold_drift_ratio", "relative change of each workload signal against the "
-                            "HOLD reference (0.3 = 30 %)", labels=["signal"])
-    for name, v in _map(hold.get("relative_change")).items():
+    yield from _hold_table(hold)
+
+
+def _hold_table(hold: Mapping[str, Any]) -> Iterator[Metric]:
+    """HOLD as the engine keeps it: windows and exploration, the load context, the table."""
+    yield from _gauge("polltuned_hold_windows", "windows since the first decision (HOLD, challengers, "
+                      "fallback checks, region searches)", hold.get("windows"))
+    yield from _gauge("polltuned_hold_exploring_windows", "of which challengers and region searches",
+                      hold.get("exploring"))
+    yield from _gauge("polltuned_hold_explore_share", "exploring windows / windows (hold.explore_share bounds "
+                      "the challengers)", hold.get("explore_share"))
+    yield from _counter("polltuned_hold_switches", "switches between table entries", hold.get("switches"))
+    yield from _counter("polltuned_hold_fallbacks", "fallback checks against the originals", hold.get("fallbacks"))
+    yield from _gauge("polltuned_hold_active_region", "load region of the active entry", hold.get("active_region"))
+    ctx = GaugeMetricFamily("polltuned_hold_context", "the load the last window saw (Window.context)",
+                            labels=["signal"])
+    for name, v in _map(hold.get("context")).items():
         x = _num(v)
         if x is not None:
-            rel.add_metric([str(name)], x)
-    yield rel
-    sig = GaugeMetricFamily("polltuned_hold_signal", "last HOLD window's workload signals (unit in the signal "
-                            "name: latency_us, net_rx_per_s, softirq_cores)", labels=["signal"])
-    for name, v in _map(hold.get("signals")).items():
-        x = _num(v)
-        if x is not None:
-            sig.add_metric([str(name)], x)
-    yield sig
+            ctx.add_metric([str(name)], x)
+    yield ctx
+    gain = GaugeMetricFamily("polltuned_hold_entry_gain", "confirmed gain of each table entry vs the originals "
+                             "(0 = the originals)", labels=["region", "active", "originals"])
+    low = GaugeMetricFamily("polltuned_hold_entry_gain_ci_low", "lower bound of that gain's CI",
+                            labels=["region", "active", "originals"])
+    for e in hold.get("table") or []:
+        if not isinstance(e, Mapping):
+            continue
+        labels = [str(e.get("region")), str(bool(e.get("active"))).lower(), str(bool(e.get("originals"))).lower()]
+        for fam, key in ((gain, "gain"), (low, "ci_low")):
+            x = _num(e.get(key))
+            if x is not None:
+                fam.add_metric(labels, x)
+    yield gain
+    yield low
 
 
 def _verification(doc: Mapping[str, Any]) -> Iterator[Metric]:

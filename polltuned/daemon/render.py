@@ -164,12 +164,29 @@ def _guard_and_hold_lines(doc: Mapping[str, Any]) -> list[str]:
         out.append("guard events (latest last):")
         for g in guards[-5:]:
             out.append(f"  trial {_fmt(g.get('trial'))}: {g.get('message', '')}")
-    hold = doc.get("hold") or {}
-    if hold and doc.get("phase") == "HOLD":
-        out.append("")
-        rel = hold.get("relative_change") or {}
-        out.append(f"hold: {hold.get('windows', 0)} windows watched, drift streak {hold.get('drift_streak', 0)}"
-                   + ("; change vs reference: " + ", ".join(f"{k} {v:+.0%}" for k, v in rel.items()) if rel else ""))
+    return out + hold_lines(doc.get("hold") or {})
+
+
+def hold_lines(hold: Mapping[str, Any]) -> list[str]:
+    """HOLD: the load now, the table of deployments by load region (the active one marked, and
+    why it is there), windows spent exploring."""
+    if not hold or not hold.get("table"):
+        return []
+    ctx = hold.get("context") or {}
+    out = ["", f"hold: {hold.get('windows', 0)} windows since the first decision, "
+               f"{hold.get('exploring', 0)} exploring ({_pct_plain(hold.get('explore_share'))}), "
+               f"{hold.get('switches', 0)} switches, {hold.get('fallbacks', 0)} fallback checks",
+           "load now: " + (", ".join(f"{k} {_fmt(v)}" for k, v in sorted(ctx.items())) or "no context signals")
+           + f" (region {_fmt(hold.get('region'))})"]
+    rows = []
+    for e in hold.get("table") or []:
+        diff = ", ".join(f"{k}={v}" for k, v in (e.get("diff") or {}).items()) or "(the originals)"
+        shares = e.get("shares") or {}
+        if shares:
+            diff += " [" + ", ".join(f"{k} {v * 100:.0f} %" for k, v in shares.items()) + "]"
+        rows.append([("* " if e.get("active") else "  ") + str(e.get("region")), diff, _pct(e.get("gain")),
+                     _pct(e.get("ci_low")), str(e.get("why", ""))[:70]])
+    out += _table(["  region", "configuration [share of the gain]", "gain", "CI low", "why"], rows)
     return out
 
 
