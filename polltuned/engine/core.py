@@ -295,7 +295,7 @@ class Engine:
                 yield from self._put_back(cand, WindowKind.RESUME)
                 self._finish(st, verdict, "resumed: " + verdict.reason, deployed=cand, mode="resume")
                 self._emit(Phase.DONE, self._reason(), kind=EventKind.DEPLOY)
-                return self._decided(verdict, _mean_log(b), self._reason(), config=cand, windows=len(a) + len(b))
+                return self._decided(verdict, mean_log(b), self._reason(), config=cand, windows=len(a) + len(b))
             self._emit(Phase.RESUME, f"the confirmed configuration is {math.exp(d) - 1:+.1%} vs baseline now: "
                                      "searching again")
         else:
