@@ -301,3 +301,25 @@ def test_status_shows_the_context_the_table_and_exploration() -> None:
     active = [ln for ln in lines.splitlines() if ln.startswith("* ")]
     assert len(active) == 1 and active[0].startswith("* 1"), lines
     assert isinstance(doc["exploring"], int) and doc["exploring"] > 0
+
+
+def test_a_session_without_a_baseline_searches_once_the_probe_works() -> None:
+    """No traffic at start (every baseline window failed): HOLD keeps the originals and starts the
+    search after hold.drift_windows usable windows (what the daemon's old HOLD loop did)."""
+    p = policy()
+    env = FlipEnv(p)
+    calls = {"n": 0}
+    measure = env.measure
+
+    def flaky(index: int) -> Window:
+        calls["n"] += 1
+        return Window.failed("no traffic yet") if calls["n"] <= 3 else measure(index)
+
+    env.measure = flaky  # type: ignore[method-assign]
+    e = following(p, env)
+    events: list[Event] = []
+    run_until(e, env, 3 + p.hold.drift_windows + 1, events)   # (a window is judged at the next step)
+    assert e.result is not None and "baseline could not be measured" in e.result.reason
+    assert e.state.hold is not None and e.state.hold.searching is not None
+    hold_windows_until_hold(e, env, events)
+    assert e.state.hold.active is not None and busy(e.state.hold.active.config)
