@@ -231,7 +231,8 @@ def test_simplification_drops_an_inert_knob() -> None:
 
 
 def test_rollback_after_a_switch_restores_the_originals_exactly(tmp_path: Path) -> None:
-    from polltuned.engine.builder import build_actuator, build_env, prepare_policy
+    from polltuned.actuator import build_actuator
+    from polltuned.engine.builder import build_env, prepare_policy
     from polltuned.host.fs import FsHost
     from polltuned.policy.schema import SimProbe as SimProbeConfig
     from polltuned.probes.sim import SimProbe, make_fake_host_tree
