@@ -17,7 +17,7 @@ from polltuned.engine.phases import Event, EventKind, WindowKind
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
-from polltuned.study import Study
+from polltuned.study import memory_study
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.scenario import load_scenario
 
@@ -62,7 +62,7 @@ class FlipEnv:
 
 
 def following(p: Policy, env: FlipEnv) -> Engine:
-    return Engine(p, Study.memory(p), current=env.current(), clock=FakeClock(), follow=True)
+    return Engine(p, memory_study(p), current=env.current(), clock=FakeClock(), follow=True)
 
 
 def run_until(engine: Engine, env: FlipEnv, windows: int, events: list[Event]) -> None:
@@ -241,7 +241,7 @@ def test_rollback_after_a_switch_restores_the_originals_exactly(tmp_path: Path) 
     root = tmp_path / "root"
     make_fake_host_tree(root, p.knobs)
     host = FsHost(root)
-    act = build_actuator(host, tmp_path / "state", p, FakeClock())
+    act = build_actuator(host, tmp_path / "state", FakeClock(), app_cpus=p.app_cpus)
     pol = p.model_copy(update={"probe": SimProbeConfig(kind="sim", scenario="busypoll_split")})
     pol, _dropped = prepare_policy(pol, act)
     originals = dict(act.read(list(pol.knobs)))
