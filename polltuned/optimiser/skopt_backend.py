@@ -224,14 +224,13 @@ class SkoptOptimiser(HistoryBookkeeping):
     def predict(self, configs: Sequence[Mapping[str, KnobValue]], *,
                 context: Context | None = None) -> list[tuple[float, float]]:
         """Posterior (mean, sd) of y at ``configs`` (polltuned.optimiser.Predicting; the engine's
-        simplification and per-knob shares). ``context``: the load (ignored until the model has
-        context dimensions). Too few observations: (nan, inf) each."""
+        simplification and per-knob shares) at ``context`` (default: the last one seen). Too few
+        observations: (nan, inf) each."""
         if len(self.hist.entries) < 3 or not configs:
             return [(math.nan, math.inf)] * len(configs)
         with self._cpu, _one_blas_thread():
             model = self._fit()
-            x = np.array([self.space.encode(self.space.canonical(c)) for c in configs])
-            mu, sd = model.predict(x, return_std=True)
+            mu, sd = model.predict(self._X([self.space.canonical(c) for c in configs], context), return_std=True)
         return [(float(m), float(d)) for m, d in zip(mu, sd)]
 
     def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
