@@ -16,10 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from polltuned.bench.rates import open_loop_client
 from polltuned.histogram import LatencyHistogram
 from polltuned.host.httpclient import main as http_main
 from polltuned.host.httpclient import parse_http_replies, parse_url
 from polltuned.host.openloop import LoadError
+from polltuned.policy.loader import load_policy
+from polltuned.policy.schema import CommandProbe
+from polltuned.probes.command import expand_argv, extract_histogram, extract_statistics, open_loop
 
 REPO = Path(__file__).resolve().parents[1]
 OK = b"HTTP/1.1 200 OK\r\nServer: x\r\nContent-Length: 5\r\n\r\nhello"
@@ -137,3 +141,23 @@ def test_usage_and_connect_errors(capsys: pytest.CaptureFixture[str]) -> None:
     s.close()
     assert http_main(["--url", f"http://127.0.0.1:{port}/", "--duration", "0.1"]) == 1
     assert "httpclient: http://127.0.0.1:" in capsys.readouterr().err
+
+
+def test_nginx_rates_probe_runs_this_client_open_loop(fake_http: FakeHttp) -> None:
+    """`bench --workload nginx --rates`: wrk has no open-loop mode, so the load point's probe is this
+    client on the same URL and connections; its argv runs, and the probe reads its output."""
+    pol = load_policy("bench-nginx", nic="ptb-s/ptbs")
+    assert isinstance(pol.probe, CommandProbe) and pol.probe.argv[0] == "wrk"
+    cfg = open_loop(open_loop_client(pol.probe), 400.0, "uniform")
+    assert cfg.argv[:3] == ["{python}", "-m", "polltuned.host.httpclient"] and "wrk" not in cfg.argv
+    assert cfg.argv[cfg.argv.index("--connections") + 1] == "4"   # wrk's -c 4
+    argv = expand_argv(cfg.argv, window_s=0.5, python=sys.executable, rate=cfg.rate, arrivals=cfg.arrivals)
+    url = argv.index("--url") + 1
+    assert argv[url] == "http://198.18.230.2:8080/index.html"
+    argv[url] = f"http://127.0.0.1:{fake_http.port}/index.html"   # the loopback fake instead of nginx
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    stats = extract_statistics(cfg, r.stdout)
+    assert stats["throughput"] == pytest.approx(400.0, rel=0.05) and stats["p99"] > 0
+    enc = extract_histogram(cfg, r.stdout)
+    assert enc is not None and LatencyHistogram.decode(enc).count == 200

@@ -194,6 +194,31 @@ def render_rates_table(res: RatesResult) -> str:
     return "\n".join(lines)
 
 
+#: JSON paths of the shipped clients' output (polltuned.host.openloop's document)
+_CLIENT_JSON = {"p50": "$.latency_us.p50", "p90": "$.latency_us.p90", "p99": "$.latency_us.p99",
+                "p999": "$.latency_us.p999", "mean": "$.latency_us.mean", "max": "$.latency_us.max",
+                "throughput": "$.throughput_rps"}
+
+
+def open_loop_client(cfg: CommandProbe) -> CommandProbe:
+    """A closed-loop probe turned into one that can send on a schedule. ``wrk`` (the nginx world's
+    client) has no open-loop mode and would reject ``--rate``: at a set rate the same URL is loaded
+    by polltuned's HTTP client (polltuned.host.httpclient) over the same number of keep-alive
+    connections; every other argv is left as it is (the shipped kvclient takes ``--rate`` itself)."""
+    argv = cfg.argv
+    if os.path.basename(argv[0]) != "wrk":
+        return cfg
+    url = next((a for a in argv if a.startswith(("http://", "https://"))), None)
+    if url is None:
+        raise UsageError("--rates: the wrk probe names no http:// URL to load open-loop")
+    conns = argv[argv.index("-c") + 1] if "-c" in argv[:-1] else "1"
+    new = ["{python}", "-m", "polltuned.host.httpclient", "--url", url, "--connections", conns,
+           "--duration", "{window_s}"]
+    return CommandProbe.model_validate({**cfg.model_dump(), "argv": new, "regex": None, "json_path": None,
+                                        "statistic_map": dict(_CLIENT_JSON),
+                                        "histogram_path": "$.histogram.encoded"})
+
+
 def run_rates(settings: BenchSettings, rates: Sequence[RateSpec], *, host: Host, clock: Clock,
               progress: Callable[[str], None] = lambda s: None) -> RatesResult:
     """The bench at several load points on the real host (see the module docstring). Needs root;
@@ -232,7 +257,8 @@ def run_rates(settings: BenchSettings, rates: Sequence[RateSpec], *, host: Host,
             for spec in rates:
                 rate = spec.resolve(capacity)
                 progress(f"=== load point {spec.text}: {rate:.0f} req/s open loop ({closed_cfg.arrivals} arrivals) ===")
-                pol = sess.policy.model_copy(update={"probe": open_loop(closed_cfg, rate, closed_cfg.arrivals)})
+                pol = sess.policy.model_copy(update={"probe": open_loop(open_loop_client(closed_cfg), rate,
+                                                                         closed_cfg.arrivals)})
                 env_r = sess.make_env(pol)
                 env_r.apply(defaults)
                 res = tune_and_compare(sess, env_r, pol, defaults, settings=settings, clock=clock,
