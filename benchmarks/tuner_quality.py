@@ -495,13 +495,6 @@ class HorizonEnv:
         return replace(w, context={}) if self.hide_context else w
 
 
-def _follow_kw() -> dict[str, Any]:
-    """``follow=True`` where the engine has its own HOLD cycle (regions, switches, challengers)."""
-    import inspect
-
-    return {"follow": True} if "follow" in inspect.signature(Engine.__init__).parameters else {}
-
-
 def _drifted(ref: Mapping[str, float], ctx: Mapping[str, float]) -> bool:
     for k, v0 in ref.items():
         v = ctx.get(k)
@@ -539,7 +532,7 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int)
         opt = (SkoptOptimiser(space, cur, seed=seed + rounds, initial_points=p.tuning.initial_points,
                               safety_limit=safety, context_kernel=kernel) if backend == "skopt"
                else make_optimiser(backend, space, cur, seed=seed + rounds, safety_limit=safety))
-        eng = Engine(p, study, current=cur, clock=FakeClock(), optimiser=opt, **_follow_kw())
+        eng = Engine(p, study, current=cur, clock=FakeClock(), optimiser=opt, follow=True)
         n0 = len(env.windows)
         r = drive(eng, env, max_windows=horizon - env.t)
         cpu += opt.cpu_seconds

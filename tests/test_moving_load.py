@@ -150,6 +150,9 @@ def test_horizon_run_measures_every_window_on_one_clock() -> None:
     pol = pol.model_copy(update={"tuning": pol.tuning.model_copy(update={"budget": 12})})
     r = bench.run_horizon("moving_load", pol, "polltuned", 0, 90)
     assert r["windows"] == 90 and len(r["kinds"]) == 90 and len(r["in_force"]) == 90
-    assert r["rounds"] >= 2                                   # the load change at 70 triggers a re-tune
+    # the engine follows the load itself (one round for the whole horizon): the change at window 70
+    # (quiet -> shared) is answered by windows that are not plain HOLD (fallback / region search)
+    assert r["rounds"] == 1
+    assert any(k != "hold" for k in r["kinds"][70:90]), r["kinds"][60:90]
     assert "hold" in r["kinds"]
     assert bench._drifted({"flows": 1.0}, {"flows": 4.0}) and not bench._drifted({"flows": 4.0}, {"flows": 4.2})

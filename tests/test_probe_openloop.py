@@ -149,7 +149,7 @@ def test_the_host_env_keeps_the_probes_histogram_when_it_adds_cpu() -> None:
 def test_the_engine_stores_every_windows_histogram_and_the_deployment_p99_is_recomputed() -> None:
     from dataclasses import replace
 
-    from polltuned.study import Study
+    from polltuned.study import memory_study
     from polltuned.worlds.env import ScenarioEnv
     from polltuned.worlds.scenario import load_scenario
     from tests.engine_run import engine_for, events
@@ -167,7 +167,7 @@ def test_the_engine_stores_every_windows_histogram_and_the_deployment_p99_is_rec
     p = load_policy("sim-default")
     p = p.model_copy(update={"tuning": p.tuning.model_copy(update={"budget": 14})})
     env = HistEnv(p, load_scenario("busypoll_split"), seed=0)
-    store = Study.memory(p)
+    store = memory_study(p)
     eng = engine_for(p, env, store)
     list(events(eng, env))
     r = eng.result
