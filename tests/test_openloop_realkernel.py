@@ -3,11 +3,12 @@ memcached over a veth between two namespaces of this test's own (ptm-c / ptm-s, 
 
 * open loop at set rates up to 80 % of the capacity the closed loop measures first: the achieved
   rate is within 2 % of the target;
-* a 3 ms server stall every 100 ms (SIGSTOP / SIGCONT of memcached, a bounded loop) at 2000 req/s:
-  the open-loop p99, timed from each request's intended send time, shows the stall (>= 10x the
-  closed-loop p99 of the same run); the closed loop does not. With one connection and one request in
-  flight, the same run's latencies timed from the actual send (``service_latency_us``) do not show
-  it either: a client measuring from the actual send would fail this test (coordinated omission).
+* a 20 ms server stall every 300 ms (SIGSTOP / SIGCONT of memcached, a bounded loop) at 2000 req/s:
+  the open-loop p99, timed from each request's intended send time, shows the stall (at least half
+  its length, and twice the closed loop's p99 of the same run); the closed loop's p99 stays under
+  half the stall. With one connection and one request in flight, the same run's latencies timed from
+  the actual send (``service_latency_us``) hide most of it (p99 under a third of the open loop's):
+  a client measuring from the actual send would fail this test (coordinated omission).
 
 The client and memcached run SCHED_FIFO (see RT). No kernel knob is written; the namespaces,
 their veth and memcached are removed in ``finally``.
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 NS_C, NS_S = "ptm-c", "ptm-s"
 ADDR_C, ADDR_S = "198.18.41.1", "198.18.41.2"
 PORT = 11411
-STALL_S, PERIOD_S = 0.003, 0.100
+STALL_S, PERIOD_S = 0.020, 0.300
 #: the machine is shared (2 vCPUs, other users' CPU-heavy work): at normal priority the client and
 #: server wait for a CPU for milliseconds (measured at load 7 on loopback: closed-loop p99 6.9 ms at
 #: nice 0, 5.4 ms at nice -15, 0.10 ms at SCHED_FIFO), which is the machine's contention, not what
@@ -181,10 +182,17 @@ def test_a_periodic_stall_shows_in_the_open_loop_p99_only(world: World, connecti
           f"connections {connections} depth {depth}: closed p99 {c99:.0f} µs (max {_lat(closed)['max']:.0f}), "
           f"open p99 {o99:.0f} µs = {o99 / c99:.1f}x, from the actual send {s99:.0f} µs = {s99 / c99:.1f}x; "
           f"achieved {open_['achieved_rps']} behind {open_['behind_schedule']}")
-    assert len(lengths) >= 60 and lengths[len(lengths) // 2] >= STALL_S
-    assert o99 >= 10 * c99, "the open-loop p99 (from the intended send time) must show the stall"
-    assert c99 < STALL_S * 1e6 / 3, "the closed loop samples the stall once per stall: its p99 must not show it"
+    assert len(lengths) >= 20 and lengths[len(lengths) // 2] >= STALL_S
+    # The thresholds are the stall's own length, not a multiple of the closed loop's p99: that p99 is
+    # the machine's wake-up latency (idle vCPUs halt: on this VM, quiet, a closed loop without any
+    # stall measured p50 80-300 µs and p99 0.6-1.2 ms), which moved a "10x the closed p99" rule
+    # across its line from one run to the next with a 3 ms stall, and came within 1.3x of half a
+    # 10 ms one. Against a 20 ms stall: closed p99 0.4-2.2 ms, open p99 18-190 ms in 4 runs.
+    half_stall_us = STALL_S * 1e6 / 2
+    assert o99 >= half_stall_us, "the open-loop p99 (from the intended send time) must show the stall"
+    assert c99 < half_stall_us, "the closed loop samples the stall once per stall: its p99 must not show it"
+    assert o99 >= 2 * c99, "the open loop must report a clearly worse tail than the closed loop on the same stall"
     if depth == "1":
         # one request in flight: requests wait in the client while the server is stopped; timed
-        # from their actual send they hide the stall (what coordinated omission reports)
-        assert s99 < 10 * c99
+        # from their actual send they hide most of the stall (what coordinated omission reports)
+        assert s99 < o99 / 3, "timed from the actual send, the same requests must hide the stall"
