@@ -170,6 +170,58 @@ def test_switch_within_switch_windows_plus_one_to_a_confirmed_region() -> None:
     assert any(ev.kind is EventKind.SWITCH for ev in events)
 
 
+def test_a_load_change_to_a_confirmed_region_switches_without_a_fallback_check() -> None:
+    # busy polling is active for split; the load moves to shared, whose entry (the originals) is
+    # confirmed: the region rule switches there within switch_windows + 1 windows. The fallback
+    # check (which compared the split entry with the originals on the shared load, for up to
+    # pairs x 2^looks windows) is not what answers a change the context shows.
+    p = policy()
+    env = FlipEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    hold_windows_until_hold(e, env, events)
+    env.load = "shared"
+    until_entry(e, env, 1, events)
+    env.load = "split"
+    run_until(e, env, p.hold.min_switch_interval + p.hold.switch_windows + 2, events)
+    h = e.state.hold
+    assert h is not None and h.active is not None and h.active.region == 0 and busy(env.config)
+    env.load = "shared"
+    n0 = len(env.kinds)
+    run_until(e, env, p.hold.switch_windows + 1, events)
+    assert h.active.region == 1 and not busy(env.config), [ev.message for ev in events[-6:]]
+    assert WindowKind.FALLBACK not in env.kinds[n0:]
+
+
+def test_a_load_change_cuts_a_confirmation_and_its_pairs_go_on_when_the_load_is_back() -> None:
+    p = policy()
+    env = FlipEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    while env.kinds.count(WindowKind.CONFIRM) < 2:   # one pair of the first confirmation, on split
+        run_until(e, env, 1, events)
+    env.load = "shared"
+    while e.state.hold is None:
+        run_until(e, env, 1, events)
+    h = e.state.hold
+    cut = [ev.message for ev in events if "load changed during" in ev.message]
+    assert cut, [ev.message for ev in events[-6:]]
+    # the decision belongs to the load its pairs were measured on (region 0, split), not to shared
+    assert 0 in h.table and h.regions.nearest(SPLIT)[0] == 0
+    assert e.state.phase.value == "HOLD"
+    # one pair cannot reach significance, but its gain does not rule one out: the comparison waits
+    # for the load, and region 0 keeps the originals meanwhile
+    assert 0 in h.pending and len(h.pending[0].a) == 1 and not busy(h.table[0].config)
+    env.load = "split"
+    for _ in range(120):   # pairs x 2^(looks-1) pairs at most, plus the switch
+        run_until(e, env, 1, events)
+        if busy(h.table[0].config):
+            break
+    assert any("its confirmation goes on from 1 pairs" in ev.message for ev in events)
+    assert busy(h.table[0].config), [ev.message for ev in events[-6:]]
+    assert "resumed confirmation" in h.table[0].why and h.active is h.table[0] and busy(env.config)
+
+
 def test_no_flapping_when_the_context_oscillates_around_a_boundary() -> None:
     p = policy()
     env = FlipEnv(p)

@@ -55,7 +55,7 @@ from typing import TypeVar
 
 from polltuned.clock import Clock
 from polltuned.engine.actions import Action, Apply, Done, Measure
-from polltuned.engine.hold import Entry, HoldState, RegionMap
+from polltuned.engine.hold import Entry, HoldState, Pending, RegionMap, distance, log_context
 from polltuned.engine.phases import Event, EventKind, Phase, WindowKind, window_kind
 from polltuned.engine.session import SessionState, Trace, TrialRecord, TuningResult, WindowObs
 from polltuned.errors import PolltunedError, UsageError
@@ -116,6 +116,9 @@ class Engine:
         self._pending: Apply | Measure | None = None
         self._reply: Reply = None
         self._started = False
+        #: the load of the first window of the last comparison, and whether a load change cut it
+        self._anchor: dict[str, float] | None = None
+        self._cut = False
 
     def _open(self, current: Mapping[str, KnobValue], optimiser: Optimiser | None, *, resume: bool,
               observe: bool) -> SessionState:
@@ -593,6 +596,7 @@ class Engine:
         st = self.state
         if st.stop:
             return (yield from self._stopped())
+        self._anchor = None
         rec = self._pick()
         if rec is None:
             yield from self._put_back(st.baseline)
@@ -611,13 +615,15 @@ class Engine:
             return (yield from self._stopped())
         deployed = cand if verdict.deploy else st.baseline
         yield from self._put_back(deployed, WindowKind.CONFIRM)
-        reason = ("deployed: " if verdict.deploy else "baseline kept: ") + verdict.reason
+        reason = (("deployed: " if verdict.deploy else "baseline kept: ") + verdict.reason
+                  + (" (cut short by a load change)" if self._cut else ""))
         if st.result is None:
             self._finish(st, verdict, reason, deployed=deployed, best=cand)
             self._emit(Phase.DONE, reason, kind=EventKind.DEPLOY if verdict.deploy else EventKind.KEEP)
         level = mean_log(b if verdict.deploy else a) if (b if verdict.deploy else a) else None
+        pending = Pending(dict(cand), list(a), list(b), shares) if self._resumable(verdict, a, b) else None
         return self._decided(verdict if verdict.deploy else None, level, reason, config=deployed,
-                             windows=len(a) + len(b), shares=shares)
+                             windows=len(a) + len(b), shares=shares, pending=pending)
 
     def _simplify(self, cfg: Mapping[str, KnobValue]) -> tuple[dict[str, KnobValue], tuple[tuple[str, float], ...]]:
         """Deploy only what matters: the optimiser's own simplification (knobs the model is sure do
@@ -682,7 +688,12 @@ class Engine:
                 cfgs[k] = dict(o.config)
         best = min(by, key=lambda k: sum(by[k]) / len(by[k]), default=None)
         if best is None or best == st.base_key or sum(by[best]) / len(by[best]) > -MIN_GAIN:
-            return None
+            # nothing this short search measured wins: the model (which holds every load's windows)
+            # may still predict a winner at this load; the confirmation then measures it
+            rec = st.optimiser.candidate(context=st.context)
+            if rec is None or self.space.key_of(rec.config) == st.base_key or rec.predicted > -MIN_GAIN:
+                return None
+            return dict(rec.config)
         return cfgs[best]
 
     def _stopped(self) -> Steps[Phase]:
@@ -693,7 +704,8 @@ class Engine:
         return Phase.DONE
 
     def _confirm(self, cand: dict[str, KnobValue], *, against: dict[str, KnobValue] | None = None,
-                 kind: WindowKind = WindowKind.CONFIRM) -> Steps[tuple[Verdict, list[float], list[float]]]:
+                 kind: WindowKind = WindowKind.CONFIRM, earlier: Pending | None = None
+                 ) -> Steps[tuple[Verdict, list[float], list[float]]]:
         """Interleaved A/B pairs with sequential looks at ``pairs x 2^k`` (k < looks): at each look
         the candidate is deployed when its gain is significant at ``alpha / looks`` (Bonferroni over
         the looks, so the chance of deploying a non-improvement stays <= alpha) and at least
@@ -702,20 +714,33 @@ class Engine:
         baseline (or ``against``: the active entry, for HOLD's challengers and fallback checks).
         Returns the verdict and the J of both arms' windows."""
         st, pol = self.state, self.policy
-        a: list[float] = []
-        b: list[float] = []
+        a: list[float] = list(earlier.a) if earlier is not None else []
+        b: list[float] = list(earlier.b) if earlier is not None else []
         base = against if against is not None else st.baseline
         looks = [pol.confirm.pairs * 2 ** k for k in range(pol.confirm.looks)]
         alpha = pol.confirm.alpha / len(looks)
         broke: str | None = None
-        p = 0
+        p = min(len(a), len(b))   # a resumed comparison goes on from its pairs (same schedule of looks)
+        ctxs: list[dict[str, float]] = []
+        self._cut = False
         while broke is None and not st.stop and p < looks[-1]:
-            broke = yield from self._confirm_pair(p, cand, base, a, b, kind)
+            broke = yield from self._confirm_pair(p, cand, base, a, b, kind, ctxs)
             p += 1
             if p in looks and len(a) >= 2 and len(b) >= 2:
                 v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
                 if v.deploy or v.ci_high < pol.confirm.min_effect:
                     break  # decided: significant gain, or no chance of a worthwhile one
+            if broke is None and self._load_left(ctxs):
+                # the load left the region the comparison started in: its later pairs would judge
+                # the candidate on another load (and the decision would land in the wrong region).
+                # Decide on the pairs of the starting load, as one more look at alpha / looks.
+                keep = self._before_cut(ctxs) + (len(earlier.a) if earlier is not None else 0)
+                del a[keep:], b[keep:]
+                self._cut = True
+                self._emit(Phase.HOLD if kind is not WindowKind.CONFIRM else Phase.CONFIRM,
+                           f"the load changed during the {_DURING[kind]}: decided on its first {keep} pairs")
+                break
+        self._anchor = dict(ctxs[0]) if ctxs else None
         verdict = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
         if broke is not None:
             st.guard_events.append(broke)
@@ -725,8 +750,28 @@ class Engine:
                               verdict.ci_high, verdict.p_value, verdict.significant, False, broke)
         return verdict, a, b
 
+    def _load_left(self, ctxs: Sequence[Mapping[str, float]]) -> bool:
+        """Follow mode: the last ``hold.switch_windows`` windows of a comparison are all further than
+        the region radius from its first window's load (the daemon would switch there)."""
+        hp = self.policy.hold
+        n = hp.switch_windows
+        if not self.state.follow or len(ctxs) < n + 1:
+            return False
+        first = log_context(ctxs[0])
+        return bool(first) and all(distance(log_context(c), first) > hp.region_radius for c in ctxs[-n:])
+
+    def _before_cut(self, ctxs: Sequence[Mapping[str, float]]) -> int:
+        """Whole pairs whose two windows both saw the comparison's first load."""
+        first, r = log_context(ctxs[0]), self.policy.hold.region_radius
+        n = 0
+        for i in range(0, len(ctxs) - 1, 2):
+            if distance(log_context(ctxs[i]), first) > r or distance(log_context(ctxs[i + 1]), first) > r:
+                break
+            n += 1
+        return n
+
     def _confirm_pair(self, p: int, cand: dict[str, KnobValue], base: dict[str, KnobValue], a: list[float],
-                      b: list[float], kind: WindowKind) -> Steps[str | None]:
+                      b: list[float], kind: WindowKind, ctxs: list[dict[str, float]]) -> Steps[str | None]:
         """Pair ``p``: A (``base``) then B (``cand``); why B broke the guard, if it did. The guard
         judges B's mean against A's windows; a challenger (CHALLENGE) is judged at every window."""
         st, pol = self.state, self.policy
@@ -736,6 +781,7 @@ class Engine:
             if err is not None:
                 return f"apply failed during confirmation: {err.message}"
             idx, w = yield from self._measure(kind)
+            ctxs.append(dict(w.context))
             self.trace.windows.append((kind, dict(cfg)))
             s = score(w, pol.objective, baseline_drops_per_s=st.base_drops)
             self._log_window(st, None, kind, cfg, idx, s, None, hist=w.histogram)
@@ -761,7 +807,7 @@ class Engine:
     # ------------------------------------------------------------------ HOLD: follow the load
     def _decided(self, verdict: Verdict | None, level: float | None, why: str, *,
                  config: Mapping[str, KnobValue] | None = None, windows: int = 0,
-                 shares: tuple[tuple[str, float], ...] = ()) -> Phase:
+                 shares: tuple[tuple[str, float], ...] = (), pending: Pending | None = None) -> Phase:
         """A search's decision becomes the table entry of its load region (the originals when
         nothing was confirmed) and the active one; then HOLD, or DONE outside follow mode."""
         st = self.state
@@ -771,7 +817,7 @@ class Engine:
         if st.hold is None:
             st.hold = HoldState(RegionMap(hp.region_radius, hp.max_regions))
         h = st.hold
-        region = h.searching if h.searching is not None else h.regions.assign(st.context)
+        region = h.searching if h.searching is not None else h.regions.assign(self._anchor or st.context)
         h.searching = None
         if level is None:
             mean = st.refs.mean_level() if verdict is None else None
@@ -782,6 +828,11 @@ class Engine:
                       level=level if level is not None else math.nan, windows=windows, confirmed_at=st.index,
                       why=why, is_originals=verdict is None, shares=shares if verdict is not None else ())
         h.table[region] = entry
+        if pending is not None:
+            h.pending[region] = pending
+            why += "; the comparison goes on when this load is back"
+        else:
+            h.pending.pop(region, None)
         self._activate(entry, level)
         h.note(st.index, f"region {region}: {why}")
         self._emit(Phase.HOLD, f"HOLD: region {region} " + ("deployed " + _fmt(entry.config, st.baseline)
@@ -845,18 +896,64 @@ class Engine:
             h.usable = h.usable + 1
             return self._begin_search(active.region, self.policy.tuning.budget) if h.usable >= hp.drift_windows \
                 else None
-        if (yield from self._check_level(math.log(s.value))):
+        entry = h.table.get(region)
+        # The load is in another region whose entry (or search) is due: the region rules come first.
+        # Judging the active entry against its own region's level there would measure the load change,
+        # and a fallback check then spends its windows comparing the wrong pair.
+        moving = region != active.region and (entry is not None or hp.retune)
+        if not moving and (yield from self._check_level(math.log(s.value))):
             return None
+        if moving:
+            h.bad_streak = 0
         if h.region_streak >= hp.switch_windows and h.since_switch >= hp.min_switch_interval:
-            entry = h.table.get(region)
             if entry is None and hp.retune:
                 return self._begin_search(region, hp.region_budget)
             if entry is not None and entry != active:
                 yield from self._switch(entry)
                 return None
+        if (region == active.region and region in h.pending and h.region_streak >= hp.switch_windows):
+            yield from self._resume_pending(region)
+            return None
         if h.credit >= 2 * self.policy.confirm.pairs and h.since_switch >= hp.min_switch_interval:
             yield from self._challenge()
         return None
+
+    def _resumable(self, verdict: Verdict, a: Sequence[float], b: Sequence[float]) -> bool:
+        """A comparison a load change cut is worth going on with when it has not decided and its
+        pairs so far do not argue against the candidate (too few to say, or a gain of at least
+        min_effect); one whose gain is below min_effect is decided as it stands."""
+        if not self._cut or verdict.deploy:
+            return False
+        few = min(len(a), len(b)) < 2 or not math.isfinite(verdict.gain)
+        return few or verdict.gain >= self.policy.confirm.min_effect
+
+    def _resume_pending(self, region: int) -> Steps[None]:
+        """The load is back in a region whose first confirmation a load change cut: go on with it."""
+        st = self.state
+        h = self._hold_state()
+        pend = h.pending.pop(region)
+        self._emit(Phase.CONFIRM, f"load region {region} is back: its confirmation goes on from "
+                                  f"{min(len(pend.a), len(pend.b))} pairs")
+        verdict, a, b = yield from self._confirm(dict(pend.config), earlier=pend)
+        if st.stop:
+            return
+        if self._resumable(verdict, a, b):
+            h.pending[region] = Pending(pend.config, list(a), list(b), pend.shares)
+            active = h.active
+            yield from self._put_back(active.config if active is not None else st.baseline, WindowKind.CONFIRM)
+            return
+        if not verdict.deploy:
+            yield from self._put_back(st.baseline, WindowKind.CONFIRM)
+            h.note(st.index, f"region {region}: the resumed confirmation kept the originals ({verdict.reason})")
+            return
+        yield from self._put_back(pend.config, WindowKind.CONFIRM)
+        entry = Entry(region, dict(pend.config), verdict.gain, verdict.ci_low, mean_log(b), len(a) + len(b),
+                      st.index, "deployed after a resumed confirmation: " + verdict.reason, shares=pend.shares)
+        h.table[region] = entry
+        self._activate(entry, entry.level)
+        h.note(st.index, entry.why)
+        self._emit(Phase.HOLD, f"HOLD: region {region} deployed " + _fmt(entry.config, st.baseline),
+                   kind=EventKind.DEPLOY)
 
     def _check_level(self, lj: float) -> Steps[bool]:
         """Fallback first: J beyond the active entry's level by more than the guard limit (noise-
@@ -887,6 +984,12 @@ class Engine:
                                                  kind=WindowKind.FALLBACK)
         h.fallbacks += 1
         if st.stop:
+            return
+        if self._cut and not verdict.deploy:
+            # the load moved on during the check: the region rules decide what the new load gets
+            yield from self._put_back(active.config, WindowKind.FALLBACK)
+            h.bad_streak = 0
+            h.note(st.index, "fallback check cut by a load change: the active entry stays for now")
             return
         if verdict.deploy:
             yield from self._put_back(active.config, WindowKind.FALLBACK)
@@ -986,7 +1089,7 @@ class Engine:
                 "windows": h.windows, "exploring": h.exploring,
                 "explore_share": h.exploring / h.windows if h.windows else 0.0,
                 "switches": h.switches, "fallbacks": h.fallbacks, "role": h.last_kind,
-                "searching": h.searching, "recent": list(h.log)}
+                "searching": h.searching, "pending": sorted(h.pending), "recent": list(h.log)}
 
     # ------------------------------------------------------------------ records
     def _log_window(self, st: SessionState, trial: int | None, kind: WindowKind, cfg: Mapping[str, KnobValue],

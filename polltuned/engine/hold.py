@@ -101,6 +101,18 @@ class Entry:
 
 
 @dataclass
+class Pending:
+    """A first confirmation a load change cut short before it decided: the candidate and the pairs
+    measured at that region's load. It goes on when the load is back (the pairs stay paired: each
+    A/B pair was measured at one load), so a change does not throw the evidence away."""
+
+    config: dict[str, KnobValue]
+    a: list[float]
+    b: list[float]
+    shares: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass
 class HoldState:
     regions: RegionMap
     table: dict[int, Entry] = field(default_factory=dict)
@@ -116,6 +128,7 @@ class HoldState:
     switches: int = 0
     fallbacks: int = 0
     searching: int | None = None     # the region a short search is running for
+    pending: dict[int, Pending] = field(default_factory=dict)   # cut confirmations, by region
     usable: int = 0                  # usable HOLD windows while the baseline was never measured
     last_kind: str = "hold"          # the kind of the window measured last (status: role)
     log: list[dict[str, object]] = field(default_factory=list)   # the last decisions (status)
