@@ -39,10 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import selectors
 import socket
 import sys
-import time
 from collections.abc import Sequence
 
 from polltuned.host.openloop import (
@@ -50,10 +48,10 @@ from polltuned.host.openloop import (
     Arrivals,
     LoadError,
     check_schedule,
-    histogram_document,
+    closed_loop_document,
     open_loop_document,
     percentiles_us,
-    rounded,
+    run_closed_loop,
     run_open_loop,
     schedule_ns,
 )
@@ -66,11 +64,8 @@ __all__ = ["KvError", "main", "parse_get_replies", "percentiles_us", "result_doc
 
 
 def result_document(latencies_ns: Sequence[int], duration_s: float, misses: int, connections: int) -> dict[str, object]:
-    """Pure: the JSON document the closed-loop client prints."""
-    return {"v": 1, "mode": "closed", "requests": len(latencies_ns), "duration_s": round(duration_s, 4),
-            "throughput_rps": round(len(latencies_ns) / duration_s, 1) if duration_s > 0 else 0.0,
-            "latency_us": rounded(percentiles_us(latencies_ns)), "misses": misses, "connections": connections,
-            "histogram": histogram_document(latencies_ns)}
+    """Pure: the JSON document the closed-loop client prints (openloop's, with ``misses``)."""
+    return closed_loop_document(latencies_ns, duration_s, misses, connections)
 
 
 KvError = LoadError
@@ -150,58 +145,12 @@ def preload(s: socket.socket, keys: int, value_size: int) -> None:
 
 def run(server: str, port: int, connections: int, duration_s: float, keys: int,
         value_size: int, do_preload: bool, warmup_s: float) -> dict[str, object]:
+    """Closed loop over ``connections`` (polltuned.host.openloop.run_closed_loop with memcached GETs)."""
     socks = [_connect(server, port, STALL_S) for _ in range(connections)]
     try:
         if do_preload:
             preload(socks[0], keys, value_size)
-        requests = [b"get k%d\r\n" % i for i in range(keys)]
-        stride = 7919 if keys % 7919 else 1
-        sel = selectors.DefaultSelector()
-        bufs: list[bytes] = [b""] * connections
-        sent_at = [0] * connections
-        nxt = [c * (keys // max(1, connections)) for c in range(connections)]
-        lat: list[int] = []
-        misses = 0
-        perf = time.perf_counter_ns
-        for c, s in enumerate(socks):
-            s.setblocking(False)
-            sel.register(s, selectors.EVENT_READ, c)
-        t_start = perf()
-        t_record = t_start + int(warmup_s * 1e9)
-        t_end = t_record + int(duration_s * 1e9)
-        for c, s in enumerate(socks):
-            sent_at[c] = perf()
-            s.send(requests[nxt[c]])
-        while True:
-            events = sel.select(STALL_S)
-            if not events:
-                raise KvError(f"no reply for {STALL_S:g} s")
-            now = perf()
-            for key, _ in events:
-                c = key.data
-                s = socks[c]
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise KvError("server closed the connection")
-                buf = bufs[c] + chunk
-                if not buf.endswith(b"END\r\n"):
-                    if buf.startswith((b"ERROR", b"SERVER_ERROR", b"CLIENT_ERROR")):
-                        raise KvError(f"server replied {buf.splitlines()[0][:80]!r}")
-                    bufs[c] = buf
-                    continue
-                bufs[c] = b""
-                if now >= t_record:
-                    lat.append(now - sent_at[c])
-                    if len(buf) == 5:
-                        misses += 1
-                if now >= t_end:
-                    continue  # no new request after the end
-                nxt[c] = (nxt[c] + stride) % keys
-                sent_at[c] = perf()
-                s.send(requests[nxt[c]])
-            if now >= t_end:
-                break  # requests still in flight are dropped with the sockets
-        elapsed = (now - t_record) / 1e9
+        lat, misses, elapsed = run_closed_loop(socks, _GetWire(keys), warmup_s, duration_s)
         return result_document(lat, elapsed, misses, connections)
     finally:
         for s in socks:
