@@ -212,6 +212,10 @@ def test_a_load_change_cuts_a_confirmation_and_its_pairs_go_on_when_the_load_is_
     # one pair cannot reach significance, but its gain does not rule one out: the comparison waits
     # for the load, and region 0 keeps the originals meanwhile
     assert 0 in h.pending and len(h.pending[0].a) == 1 and not busy(h.table[0].config)
+    from polltuned.daemon.render import hold_lines
+
+    assert e.hold_status()["pending"] == [0]
+    assert "waiting for their load" in "\n".join(hold_lines(e.hold_status()))
     env.load = "split"
     for _ in range(120):   # pairs x 2^(looks-1) pairs at most, plus the switch
         run_until(e, env, 1, events)

@@ -187,6 +187,10 @@ def hold_lines(hold: Mapping[str, Any]) -> list[str]:
         rows.append([("* " if e.get("active") else "  ") + str(e.get("region")), diff, _pct(e.get("gain")),
                      _pct(e.get("ci_low")), str(e.get("why", ""))[:70]])
     out += _table(["  region", "configuration [share of the gain]", "gain", "CI low", "why"], rows)
+    pending = hold.get("pending") or []
+    if pending:
+        out.append("waiting for their load (a load change cut the confirmation; it goes on when the load is "
+                   "back): region " + ", ".join(str(r) for r in pending))
     return out
 
 
