@@ -93,6 +93,20 @@ class HostError(PolltunedError):
         self.errno = errno
 
 
+class ModelWorkerError(PolltunedError):
+    """The model worker (polltuned.optimiser.worker, the daemon's GP in a process of its own) died,
+    did not answer in time, or answered garbage: the engine gets this, never a hang."""
+
+    code = "model-worker"
+
+
+class ModelWorkerGone(ModelWorkerError):
+    """The model worker had exited (idle, killed) before it answered: the proxy starts another from
+    the state it keeps and asks again, once."""
+
+    code = "model-worker-gone"
+
+
 class KnobValueError(PolltunedError):
     code = "knob-value"
     exit_code = ExitCode.USAGE

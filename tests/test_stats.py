@@ -32,3 +32,17 @@ def test_welch_log_detects_a_lower_candidate() -> None:
     assert d < 0 and p < 0.001 and d_low < d < d_high < 0
     d2, p2, _, _ = welch_log(b, a, 0.05)
     assert d2 == pytest.approx(-d) and p2 > 0.999
+
+
+def test_student_t_is_scipys_without_scipy() -> None:
+    """The daemon's t-test runs without scipy (issue 14: ~70 MB); the pure t matches scipy.stats.t."""
+    from scipy.stats import t as student_t
+
+    from polltuned.stats import t_cdf, t_ppf
+
+    for dof in (0.7, 1.0, 2.37, 3.0, 4.9, 12.3, 30.0, 1000.0):
+        for x in (-40.0, -3.2, -1.0, -1e-3, 0.0, 0.5, 1.7, 4.0, 200.0):
+            assert t_cdf(x, dof) == pytest.approx(float(student_t.cdf(x, dof)), rel=1e-9, abs=1e-300)
+        for p in (1e-6, 0.025, 0.05, 0.3, 0.5, 0.9, 0.95, 0.975, 1 - 1e-6):
+            assert t_ppf(p, dof) == pytest.approx(float(student_t.ppf(p, dof)), rel=1e-9, abs=1e-12)
+    assert t_ppf(0.0, 3.0) == -math.inf and t_ppf(1.0, 3.0) == math.inf and math.isnan(t_cdf(1.0, 0.0))

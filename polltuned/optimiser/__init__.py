@@ -13,7 +13,10 @@ shared history the backends build on are in :mod:`polltuned.optimiser.base`.
   * ``skopt``  — scikit-optimize GP: space-filling start over the whole space, trust regions that
     restart, global candidates in every acquisition, a safety filter on the model's upper bound;
   * ``random`` — uniform random search over the same encoded space (a baseline);
-  * ``grid``   — a shuffled full-factorial grid over a few levels per knob (a baseline).
+  * ``grid``   — a shuffled full-factorial grid over a few levels per knob (a baseline);
+  * ``skopt-worker`` — the same ``skopt`` GP in a model worker process (polltuned.optimiser.proxy):
+    the daemon's choice for ``skopt`` (polltuned.daemon.wiring), so its own process never loads the
+    model's libraries; same answers to the same calls.
 """
 
 from __future__ import annotations
@@ -58,8 +61,20 @@ def _grid(space: Space, baseline: Mapping[str, KnobValue], *, seed: int, initial
     return GridOptimiser(space, baseline, seed=seed)
 
 
+def _skopt_worker(space: Space, baseline: Mapping[str, KnobValue], *, seed: int, initial_points: int,
+                  safety_limit: float | None) -> Optimiser:
+    from polltuned.host.modelproc import spawn_model_worker  # lazy: only the daemon starts model workers
+    from polltuned.optimiser.proxy import WorkerOptimiser  # lazy: the registry imports no backend
+
+    return WorkerOptimiser(space, baseline, seed=seed, initial_points=initial_points, safety_limit=safety_limit,
+                           spawn=lambda: spawn_model_worker(idle_s=WORKER_IDLE_S))
+
+
+#: seconds a model worker may sit idle before it exits (the next call starts another, exactly where it was)
+WORKER_IDLE_S = 60.0
+
 #: the one registry of optimisers, in the order of OPTIMISER_NAMES (tests/test_import_graph.py holds them equal)
-OPTIMISERS: dict[str, Factory] = {"skopt": _skopt, "random": _random, "grid": _grid}
+OPTIMISERS: dict[str, Factory] = {"skopt": _skopt, "random": _random, "grid": _grid, "skopt-worker": _skopt_worker}
 
 
 def make_optimiser(name: str, space: Space, baseline: Mapping[str, KnobValue], *, seed: int,

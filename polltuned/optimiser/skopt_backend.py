@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from polltuned.optimiser.base import Context, CpuMeter, History, HistoryBookkeeping, Recommendation
+from polltuned.optimiser.base import Context, CpuMeter, History, HistoryBookkeeping, Recommendation, _Entry
 from polltuned.optimiser.kernels import CONTEXT_KERNELS, additive_plus_full, contextual
 from polltuned.optimiser.space import Space
 from polltuned.records import KnobValue
@@ -100,7 +100,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         self._fail = 0
         self._restart = False
         self._model: Any = None
-        self._model_n = -1
+        self._model_recipe: dict[str, Any] | None = None
         self._model_sig: tuple[int, float] = (-1, -1.0)
         self._bad: list[np.ndarray] = []
         self._body_theta: np.ndarray | None = None
@@ -261,6 +261,58 @@ class SkoptOptimiser(HistoryBookkeeping):
                 cur = trials[j]
         return cur
 
+    # ------------------------------------------------------------------ state (model worker)
+    def state(self) -> dict[str, Any]:
+        """Everything that changes after construction, as plain JSON data (floats round-trip
+        exactly through JSON): an optimiser built with the same arguments and given this in
+        :meth:`restore` answers every later call exactly as this one would
+        (polltuned.optimiser.worker: a model worker that exited is rebuilt from it)."""
+        h = self.hist
+        return {
+            "v": 1,
+            "entries": [[k, e.config, e.ys] for k, e in h.entries.items()],
+            "order": [[k, y] for k, y in h.order], "failed": sorted(h.failed),
+            "rng": self.rng.bit_generator.state, "design": self._design,
+            "noise_sd": self.noise_sd, "length": self.length, "succ": self._succ, "fail": self._fail,
+            "restart": self._restart, "bad": [[float(x) for x in b] for b in self._bad],
+            "bad_ctx": self._bad_ctx, "ctxs": self._ctxs, "ctx_now": self._ctx_now,
+            "since_refit": self._since_refit,
+            "body_theta": None if self._body_theta is None else [float(t) for t in self._body_theta],
+            "model": None if self._model is None else {"recipe": self._model_recipe, "sig": list(self._model_sig)},
+            "cpu": self._cpu.total,
+        }
+
+    def restore(self, st: Mapping[str, Any]) -> None:
+        """Take over :meth:`state` of an optimiser built with the same arguments (the fitted GP is
+        refitted from its recipe: the same model)."""
+        if st.get("v") != 1:
+            raise ValueError(f"unknown optimiser state version {st.get('v')!r}")
+        h = self.hist
+        h.entries.clear()
+        for k, cfg, ys in st["entries"]:
+            h.entries[str(k)] = _Entry(dict(cfg), [float(y) for y in ys])
+        h.order[:] = [(str(k), float(y)) for k, y in st["order"]]
+        h.failed = {str(k) for k in st["failed"]}
+        self.rng.bit_generator.state = st["rng"]
+        self._design = [dict(c) for c in st["design"]]
+        self.noise_sd = float(st["noise_sd"])
+        self.length = float(st["length"])
+        self._succ, self._fail, self._restart = int(st["succ"]), int(st["fail"]), bool(st["restart"])
+        self._bad = [np.array(b, dtype=float) for b in st["bad"]]
+        self._bad_ctx = [dict(c) for c in st["bad_ctx"]]
+        self._ctxs = [dict(c) for c in st["ctxs"]]
+        self._ctx_now = dict(st["ctx_now"])
+        self._body_theta = None if st["body_theta"] is None else np.array(st["body_theta"], dtype=float)
+        self._cpu.total = float(st["cpu"])
+        m = st["model"]
+        self._model, self._model_recipe, self._model_sig = None, None, (-1, -1.0)
+        if m is not None:
+            with self._cpu, _one_blas_thread():
+                self._model, _ = _fit_gp(self.space, m["recipe"], self.context_kernel, self.seed)
+            self._model_recipe = m["recipe"]
+            self._model_sig = (int(m["sig"][0]), float(m["sig"][1]))
+        self._since_refit = int(st["since_refit"])
+
     # ------------------------------------------------------------------ trust region
     def _trust_region_update(self, success: bool) -> None:
         if success:
@@ -321,10 +373,24 @@ class SkoptOptimiser(HistoryBookkeeping):
         sig = (n, self.noise_sd)
         if self._model is not None and self._model_sig == sig and not lies:
             return self._model
+        recipe = self._recipe(lies)
+        gp, frozen = _fit_gp(self.space, recipe, self.context_kernel, self.seed)
+        if not frozen and not lies:
+            self._since_refit = 0
+        if not lies:
+            self._model = gp
+            self._model_recipe = recipe
+            self._body_theta = np.array(gp.kernel_.k1.theta)
+            self._model_sig = sig
+        return gp
+
+    def _recipe(self, lies: Sequence[tuple[Mapping[str, KnobValue], float]] = ()) -> dict[str, Any]:
+        """Everything a fit depends on, as plain JSON data (inputs, targets, noise level, context
+        columns, the warm-start point, whether the hyper-parameters stay frozen): :func:`_fit_gp` of
+        the same recipe gives the same GP, so a model worker restored from :meth:`state` predicts
+        exactly what this one does."""
+        n = len(self.hist.order)
         ctx = self._contextual()
-        from skopt.learning import GaussianProcessRegressor
-
-
         obs = list(enumerate(self.hist.order))
         if len(obs) > self.max_fit_points:
             half = self.max_fit_points // 2
@@ -351,39 +417,12 @@ class SkoptOptimiser(HistoryBookkeeping):
         var = float(np.var(ya)) if len(ya) > 1 else 1.0
         # the measured noise, in the units of the normalised y the GP fits
         nl = float(np.clip(self.noise_sd ** 2 / max(var, 1e-6), 1e-4, 4.0))
-        nb = (nl / 4.0, min(nl * 4.0, 10.0))
-        groups = [tuple(range(d.offset, d.offset + d.width)) for d in self.space.dims]
-        if ctx:
-            w = self.space.width
-            cols = tuple(range(w, w + len(self._ctx_keys())))
-            kernel = contextual(groups, w, cols, nl, nb, self.context_kernel)
-        else:
-            kernel = additive_plus_full(groups, self.space.width, nl, nb)
-        # warm start: the hyper-parameters start where the last fit ended (one L-BFGS run instead of
-        # restarts from scratch keeps a step well under 0.3 s at 100 observations)
         prev = self._body_theta
-        warm = prev is not None and len(prev) == len(kernel.k1.theta)
-        if prev is not None and warm:
-            b = kernel.k1.bounds
-            kernel.k1.theta = np.clip(prev, b[:, 0], b[:, 1])
-        # a long horizon: past refit_after observations, re-optimise the hyper-parameters only every
-        # refit_every tells (in between: the GP refitted with the last ones, no L-BFGS)
-        frozen = warm and n > self.refit_after and self._since_refit < self.refit_every
-        extra: dict[str, Any] = {"optimizer": None} if frozen else {}
-        if not frozen and not lies:
-            self._since_refit = 0
-        gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, noise="gaussian",
-                                      n_restarts_optimizer=0 if warm else 1, random_state=self.seed, **extra)
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            gp.fit(Xa, ya)
-        if not lies:
-            self._model = gp
-            self._body_theta = np.array(gp.kernel_.k1.theta)
-            self._model_sig = sig
-        return gp
+        return {"X": Xa.tolist(), "y": ya.tolist(), "nl": nl, "n_ctx": len(self._ctx_keys()) if ctx else 0,
+                "theta": None if prev is None else [float(t) for t in prev],
+                # a long horizon: past refit_after observations, re-optimise the hyper-parameters
+                # only every refit_every tells (in between: the GP refitted with the last ones)
+                "freeze": n > self.refit_after and self._since_refit < self.refit_every}
 
     def _posterior_at_observed(self, context: Context | None = None) -> tuple[list[str], np.ndarray, np.ndarray]:
         model = self._fit()
@@ -560,6 +599,41 @@ class SkoptOptimiser(HistoryBookkeeping):
             if ex is not None:
                 return ex
         return pool[i]
+
+
+def _fit_gp(space: Space, recipe: Mapping[str, Any], context_kernel: str, seed: int) -> tuple[Any, bool]:
+    """The GP of a recipe (SkoptOptimiser._recipe), fitted; and whether its hyper-parameters were
+    kept frozen (no L-BFGS). Deterministic: the same recipe gives the same model."""
+    from skopt.learning import GaussianProcessRegressor
+
+    Xa = np.array(recipe["X"], dtype=float).reshape(len(recipe["y"]), -1)
+    ya = np.array(recipe["y"], dtype=float)
+    nl = float(recipe["nl"])
+    nb = (nl / 4.0, min(nl * 4.0, 10.0))
+    groups = [tuple(range(d.offset, d.offset + d.width)) for d in space.dims]
+    if recipe["n_ctx"]:
+        w = space.width
+        cols = tuple(range(w, w + int(recipe["n_ctx"])))
+        kernel = contextual(groups, w, cols, nl, nb, context_kernel)
+    else:
+        kernel = additive_plus_full(groups, space.width, nl, nb)
+    # warm start: the hyper-parameters start where the last fit ended (one L-BFGS run instead of
+    # restarts from scratch keeps a step well under 0.3 s at 100 observations)
+    prev = None if recipe["theta"] is None else np.array(recipe["theta"], dtype=float)
+    warm = prev is not None and len(prev) == len(kernel.k1.theta)
+    if prev is not None and warm:
+        b = kernel.k1.bounds
+        kernel.k1.theta = np.clip(prev, b[:, 0], b[:, 1])
+    frozen = warm and bool(recipe["freeze"])
+    extra: dict[str, Any] = {"optimizer": None} if frozen else {}
+    gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, noise="gaussian",
+                                  n_restarts_optimizer=0 if warm else 1, random_state=seed, **extra)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gp.fit(Xa, ya)
+    return gp, frozen
 
 
 class _one_blas_thread:

@@ -6,4 +6,4 @@ factory, in this order (tests/test_import_graph.py holds the two equal).
 
 from __future__ import annotations
 
-OPTIMISER_NAMES: tuple[str, ...] = ("skopt", "random", "grid")
+OPTIMISER_NAMES: tuple[str, ...] = ("skopt", "random", "grid", "skopt-worker")
