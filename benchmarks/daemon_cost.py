@@ -62,6 +62,21 @@ LOCK = "/tmp/polltuned-realkernel.lock"
 WORLD = WorldConfig(client_ns="ptb-rssc", server_ns="ptb-rsss", client_dev="rssc", server_dev="rsss",
                     client_addr="198.18.231.1", server_addr="198.18.231.2")
 WORKER_MODULE = "polltuned.optimiser.worker"
+#: --profile: the daemon under cProfile with a CPU-time clock (where its CPU goes, not its waits)
+PROFILE_BOOT = """
+import cProfile, runpy, sys, time
+out = sys.argv.pop(1)
+sys.argv[0] = "polltuned"
+prof = cProfile.Profile(time.process_time)
+prof.enable()
+try:
+    runpy.run_module("polltuned", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
 
 
 # ---------------------------------------------------------------------------- /proc parsing (pure)
@@ -124,7 +139,10 @@ class WorkerLife:
     first_t: float
     last_t: float
     rss_kb: int = 0
-    cpu_ticks: int = 0
+    cpu_ticks: int = 0          # its CPU (utime + stime) when last seen
+    cpu_at_first: int = 0       # ... when first seen (a worker already running when sampling began)
+    started_before: bool = False
+    ended: bool = False
 
 
 @dataclass
@@ -154,8 +172,11 @@ class Result:
                               "max": rss[-1] if rss else None},
             "daemon_hwm_mb": self.daemon_hwm_mb,
             "worker": {"cpu_pct_of_core": round(100 * self.worker_cpu_share, 3),
-                       "lives": [{"pid": w.pid, "alive_s": round(w.last_t - w.first_t + 1.0, 1),
-                                  "rss_mb": round(w.rss_kb / 1024, 1), "cpu_s": w.cpu_ticks / os.sysconf("SC_CLK_TCK")}
+                       "rss_mb_s": round(sum(w.rss_kb / 1024 * (w.last_t - w.first_t + 1.0) for w in self.workers), 1),
+                       "lives": [{"pid": w.pid, "alive_s_in_span": round(w.last_t - w.first_t + 1.0, 1),
+                                  "started_before_span": w.started_before, "ended_in_span": w.ended,
+                                  "rss_mb": round(w.rss_kb / 1024, 1),
+                                  "cpu_s_in_span": (w.cpu_ticks - w.cpu_at_first) / os.sysconf("SC_CLK_TCK")}
                                  for w in self.workers]},
             "probe_clients_cpu_pct_of_core": round(100 * self.probe_cpu_share, 2),
             "hold_windows_seen": self.hold_windows, "roles": self.roles,
@@ -196,9 +217,13 @@ def run(args: argparse.Namespace) -> Result:
         base = find_policy("bench-mix").resolve()
         paths.policy.write_text(daemon_policy_toml(base, client_argv(paths, c.server_addr, c.port, None), c.client_ns,
                                                    budget=args.budget, window_s=args.window_s)
-                                + f"\n[hold]\ninterval_s = {float(args.interval)!r}\n")
+                                + f"\n[hold]\ninterval_s = {float(args.interval)!r}\n"
+                                + (f"explore_share = {float(args.explore_share)!r}\n"
+                                   if args.explore_share is not None else ""))
         paths.config.write_text(f"status_interval_s = {float(args.status_interval)!r}\n")
-        argv = [sys.executable, "-m", "polltuned", "--state-dir", str(paths.daemon_state), "--run-dir",
+        head = [sys.executable, "-c", PROFILE_BOOT, str(Path(args.profile).resolve())] if args.profile else \
+            [sys.executable, "-m", "polltuned"]
+        argv = [*head, "--state-dir", str(paths.daemon_state), "--run-dir",
                 str(paths.daemon_run), "run", "--config", str(paths.config), "--policy", str(paths.policy),
                 "--nic", c.nic, "--log-level", "info"]
         t0 = clock.monotonic()
@@ -224,6 +249,10 @@ def run(args: argparse.Namespace) -> Result:
         if first is None:
             raise HostError("daemon_cost: cannot read the daemon's /proc entry")
         lives: dict[int, WorkerLife] = {}
+        for wp in worker_pids(host, pid):
+            ws = sample_proc(host, wp)
+            if ws is not None:
+                lives[wp] = WorkerLife(wp, 0.0, 0.0, ws.rss_kb, ws.utime + ws.stime, ws.utime + ws.stime, True)
         last = first
         seen_windows: set[Any] = set()
         while clock.monotonic() - h0 < args.hold_s:
@@ -234,7 +263,8 @@ def run(args: argparse.Namespace) -> Result:
                 raise HostError("daemon_cost: the daemon exited during HOLD", hint=" | ".join(daemon.tail(5)))
             last = s
             res.daemon_rss_mb.append(round(s.rss_kb / 1024, 1))
-            for wp in worker_pids(host, pid):
+            alive = set(worker_pids(host, pid))
+            for wp in alive:
                 ws = sample_proc(host, wp)
                 if ws is None:
                     continue
@@ -242,6 +272,9 @@ def run(args: argparse.Namespace) -> Result:
                 life.last_t = t
                 life.rss_kb = max(life.rss_kb, ws.rss_kb)
                 life.cpu_ticks = ws.utime + ws.stime
+            for wp, life in lives.items():
+                if wp not in alive:
+                    life.ended = True
             doc = read_status(paths.daemon_run) or {}
             hold = doc.get("hold") if isinstance(doc.get("hold"), dict) else {}
             role = str((hold or {}).get("role") or doc.get("phase"))
@@ -255,9 +288,11 @@ def run(args: argparse.Namespace) -> Result:
         res.daemon_cpu_share = (last.utime + last.stime - first.utime - first.stime) / tck / span
         res.daemon_hwm_mb = round(last.hwm_kb / 1024, 1)
         res.workers = list(lives.values())
-        wt = sum(w.cpu_ticks for w in res.workers)
-        res.worker_cpu_share = wt / tck / span
-        res.probe_cpu_share = max(0.0, (last.cutime + last.cstime - first.cutime - first.cstime - wt) / tck / span)
+        # in the span: what each worker used since it was first seen; reaped workers' whole CPU is
+        # in the daemon's cutime + cstime (the rest of which is the probe's clients)
+        res.worker_cpu_share = sum(w.cpu_ticks - w.cpu_at_first for w in res.workers) / tck / span
+        reaped = sum(w.cpu_ticks for w in res.workers if w.ended)
+        res.probe_cpu_share = max(0.0, (last.cutime + last.cstime - first.cutime - first.cstime - reaped) / tck / span)
         res.hold_windows = len({w for w in seen_windows if w is not None})
         with contextlib.suppress(PolltunedError):
             res.imported = [m for m in ("skopt", "sklearn", "scipy", "numpy")
@@ -286,11 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-s", type=float, default=1.0, help="probe window (default 1 s)")
     p.add_argument("--interval", type=float, default=10.0, help="hold.interval_s (default 10, the production default)")
     p.add_argument("--status-interval", type=float, default=5.0, help="status_interval_s of the daemon config")
+    p.add_argument("--explore-share", type=float, default=None,
+                   help="hold.explore_share (default: the policy's, 0.05: a challenger every ~120 HOLD windows)")
     p.add_argument("--hold-s", type=float, default=90.0, help="seconds of HOLD sampled (default 90)")
     p.add_argument("--settle-s", type=float, default=5.0, help="seconds after HOLD starts before sampling")
     p.add_argument("--max-wait-s", type=float, default=600.0)
     p.add_argument("--state-dir", default="/var/lib/polltuned/daemon-cost")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--profile", metavar="FILE",
+                   help="run the daemon under cProfile (CPU time), its stats to FILE (inflates its CPU)")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("daemon_cost: needs root (it runs the real daemon on the real kernel)", file=sys.stderr)

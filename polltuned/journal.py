@@ -576,6 +576,8 @@ class Journal:
         self.copy_path = self.dir / COPY_NAME
         self.clock = clock
         self._seq: int | None = None
+        #: the bytes of the last parse and the parse (load(): unchanged bytes are not parsed again)
+        self._parsed: tuple[bytes, ParsedJournal] | None = None
         self._fd: int | None = None
         self._lock_fd: int | None = None
 
@@ -597,10 +599,18 @@ class Journal:
         return self._seq if self._seq is not None else len(self.records())
 
     def load(self) -> ParsedJournal:
+        """The parsed journal. Reading is cheap, parsing is not (status asks for the managed knobs
+        every few seconds): bytes equal to the last parse's give that parse again. The records are
+        shared between such calls: treat them as read-only."""
         data = self._read(self.path)
         if data is None:
+            self._parsed = None
             return ParsedJournal((), 0, 0)
-        return parse_journal(data, str(self.path))
+        if self._parsed is not None and self._parsed[0] == data:
+            return self._parsed[1]
+        parsed = parse_journal(data, str(self.path))
+        self._parsed = (data, parsed)
+        return parsed
 
     def records(self) -> tuple[dict[str, Any], ...]:
         return self.load().records

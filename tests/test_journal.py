@@ -118,3 +118,29 @@ def test_compaction_preserves_state(tmp_path: Path) -> None:
         h2 = after.knobs[k]
         assert (h2.baseline_state, h2.last_value, h2.settled, h2.released) == \
             (h.baseline_state, h.last_value, h.settled, h.released), k
+
+
+def test_an_unchanged_journal_is_not_parsed_again_and_a_changed_one_is(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Status reads the managed knobs every few seconds (issue 14: CPU in HOLD): the same bytes give
+    the same parse without parsing; any change (an append by another writer) is parsed."""
+    import polltuned.journal as jmod
+
+    calls: list[int] = []
+    real = jmod.parse_journal
+
+    def counting(data: bytes, source: str = jmod.JOURNAL_NAME) -> jmod.ParsedJournal:
+        calls.append(len(data))
+        return real(data, source)
+
+    monkeypatch.setattr(jmod, "parse_journal", counting)
+    clock = FakeClock()
+    w = Journal(tmp_path / "st", clock=clock)
+    w.append("epoch", epoch=1)
+    r = Journal(tmp_path / "st", clock=clock)
+    first = r.state()
+    n = len(calls)
+    assert r.state() == first and r.load() is r.load() and len(calls) == n
+    w.append("txn", txn=1, reason="x", keys=[])     # another writer: the bytes changed
+    assert r.state().last_txn == 1 and len(calls) == n + 1
+    w.close()

@@ -101,20 +101,22 @@ class Device:
         except HostError as e:
             raise gone_or_raise(self.ref.label, e) from e
 
-    def netdev(self) -> NetdevApi:
-        return self._factory(self.host, self.ref, self.ifindex())
+    def netdev(self, ifindex: int | None = None) -> NetdevApi:
+        return self._factory(self.host, self.ref, self.ifindex() if ifindex is None else ifindex)
 
     def napi_values(self, attr: str) -> dict[str, int]:
         """napi id (as text, JSON key) -> value of ``attr`` for every NAPI of the device."""
         try:
-            napis = self.netdev().napis(self.ifindex())
+            idx = self.ifindex()   # once: inside a netns every read is a subprocess
+            napis = self.netdev(idx).napis(idx)
         except HostError as e:
             raise gone_or_raise(self.ref.label, e) from e
         return {str(n.id): int(n.values[attr]) for n in napis if attr in n.values}
 
     def napi_restore(self, attr: str, state: dict[str, int]) -> None:
-        api = self.netdev()
-        live = {str(n.id) for n in api.napis(self.ifindex())}
+        idx = self.ifindex()
+        api = self.netdev(idx)
+        live = {str(n.id) for n in api.napis(idx)}
         for nid, v in state.items():
             if nid in live:  # NAPIs re-created since the snapshot get the device value from sysfs
                 api.napi_set(int(nid), {attr: v})
