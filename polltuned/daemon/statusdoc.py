@@ -28,7 +28,9 @@ def knob_rows(d: Daemon, c: Controller) -> list[dict[str, Any]]:
     except PolltunedError:
         managed = {}
     try:
-        live = d.actuator.read(list(c.policy.knobs))
+        # a managed knob's live value came with its row: read only the others (each read of a
+        # device knob inside a netns is a subprocess; status is built every few seconds in HOLD)
+        live = d.actuator.read([k for k in c.policy.knobs if k not in managed])
     except PolltunedError:
         live = {}
     res = c.result
