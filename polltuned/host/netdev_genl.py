@@ -140,6 +140,18 @@ class GenlNetdev:
 
     def __init__(self, netns: str | None = None) -> None:
         self.netns = netns
+        #: napis()'s socket, kept between calls (opening one inside a netns forks a helper); a
+        #: failure or an empty dump on a kept socket is retried once on a fresh one
+        self._sock: Any = None
+        self._cls: tuple[Any, Any] | None = None
+
+    def close(self) -> None:
+        s, self._sock = self._sock, None
+        if s is not None:
+            try:
+                s.close()
+            except OSError:
+                pass
 
     def _classes(self) -> tuple[Any, Any]:
         from pyroute2.netlink import genlmsg
@@ -196,35 +208,27 @@ class GenlNetdev:
             s.close()
 
     def napis(self, ifindex: int) -> list[NapiInfo]:
-        from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
         from pyroute2.netlink.exceptions import NetlinkError
 
-        reply, _ = self._classes()
-        s = self._socket(reply)
-        try:
-            m = reply()
-            m["cmd"] = CMD_NAPI_GET
-            m["version"] = 1
-            m["attrs"].append(["NETDEV_A_NAPI_IFINDEX", ifindex])
-            out = []
-            for r in s.nlm_request(m, msg_type=s.prid, msg_flags=NLM_F_REQUEST | NLM_F_DUMP):
-                if r.get_attr("NETDEV_A_NAPI_IFINDEX") != ifindex:
+        if self._cls is None:
+            self._cls = self._classes()
+        reply = self._cls[0]
+        for attempt in (1, 2):
+            kept = self._sock is not None
+            if self._sock is None:
+                self._sock = self._socket(reply)
+            try:
+                out = _napi_dump(self._sock, reply, ifindex)
+            except (NetlinkError, OSError) as e:
+                self.close()
+                if kept and attempt == 1:
                     continue
-                vals: dict[str, int] = {}
-                for name, attr in (("defer-hard-irqs", "NETDEV_A_NAPI_DEFER_HARD_IRQS"),
-                                   ("gro-flush-timeout", "NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT"),
-                                   ("irq-suspend-timeout", "NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT"),
-                                   ("threaded", "NETDEV_A_NAPI_THREADED")):
-                    v = _le_uint(r.get_attr(attr))
-                    if v is not None:
-                        vals[name] = v
-                out.append(NapiInfo(int(r.get_attr("NETDEV_A_NAPI_ID")), ifindex,
-                                    r.get_attr("NETDEV_A_NAPI_IRQ"), r.get_attr("NETDEV_A_NAPI_PID"), vals))
-            return sorted(out, key=lambda n: n.id)
-        except NetlinkError as e:
-            raise HostError(f"napi-get ifindex {ifindex}: {os.strerror(e.code)}", errno=e.code) from e
-        finally:
-            s.close()
+                code = e.code if isinstance(e, NetlinkError) else (e.errno or 0)
+                raise HostError(f"napi-get ifindex {ifindex}: {os.strerror(code)}", errno=code) from e
+            if out or not kept or attempt == 2:
+                return out
+            self.close()   # nothing on a kept socket: the namespace may have been re-created; ask afresh
+        raise AssertionError("unreachable")
 
     def napi_set(self, napi_id: int, values: Mapping[str, int]) -> None:
         from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
@@ -321,3 +325,28 @@ class FileNetdev:
                     os.replace(tmp, target)
                 return
         raise HostError(f"napi-set id {napi_id}: {os.strerror(errno_mod.ENOENT)}", errno=errno_mod.ENOENT)
+
+
+def _napi_dump(s: Any, reply: Any, ifindex: int) -> list[NapiInfo]:
+    """One NAPI_GET dump for ``ifindex`` on the genl socket ``s`` (pyroute2)."""
+    from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
+
+    m = reply()
+    m["cmd"] = CMD_NAPI_GET
+    m["version"] = 1
+    m["attrs"].append(["NETDEV_A_NAPI_IFINDEX", ifindex])
+    out = []
+    for r in s.nlm_request(m, msg_type=s.prid, msg_flags=NLM_F_REQUEST | NLM_F_DUMP):
+        if r.get_attr("NETDEV_A_NAPI_IFINDEX") != ifindex:
+            continue
+        vals: dict[str, int] = {}
+        for name, attr in (("defer-hard-irqs", "NETDEV_A_NAPI_DEFER_HARD_IRQS"),
+                           ("gro-flush-timeout", "NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT"),
+                           ("irq-suspend-timeout", "NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT"),
+                           ("threaded", "NETDEV_A_NAPI_THREADED")):
+            v = _le_uint(r.get_attr(attr))
+            if v is not None:
+                vals[name] = v
+        out.append(NapiInfo(int(r.get_attr("NETDEV_A_NAPI_ID")), ifindex,
+                            r.get_attr("NETDEV_A_NAPI_IRQ"), r.get_attr("NETDEV_A_NAPI_PID"), vals))
+    return sorted(out, key=lambda n: n.id)

@@ -74,6 +74,9 @@ class Device:
         self._factory = netdev_factory
         self.caps = caps
         self._dev_host: Host | None = None
+        #: the netdev API of the device's current ifindex (kept: the real one keeps its genl socket,
+        #: and opening one inside a netns forks; a new ifindex — the device was re-created — gets a new one)
+        self._api: tuple[int, NetdevApi] | None = None
 
     @property
     def dev_host(self) -> Host:
@@ -102,7 +105,10 @@ class Device:
             raise gone_or_raise(self.ref.label, e) from e
 
     def netdev(self, ifindex: int | None = None) -> NetdevApi:
-        return self._factory(self.host, self.ref, self.ifindex() if ifindex is None else ifindex)
+        idx = self.ifindex() if ifindex is None else ifindex
+        if self._api is None or self._api[0] != idx:
+            self._api = (idx, self._factory(self.host, self.ref, idx))
+        return self._api[1]
 
     def napi_values(self, attr: str) -> dict[str, int]:
         """napi id (as text, JSON key) -> value of ``attr`` for every NAPI of the device."""
