@@ -32,6 +32,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,11 +65,11 @@ WORLD = WorldConfig(client_ns="ptb-rssc", server_ns="ptb-rsss", client_dev="rssc
 WORKER_MODULE = "polltuned.optimiser.worker"
 #: --profile: the daemon under cProfile with a CPU-time clock (where its CPU goes, not its waits)
 PROFILE_BOOT = """
-import cProfile, runpy, sys, time
+import cProfile, runpy, signal, sys, time
 out = sys.argv.pop(1)
 sys.argv[0] = "polltuned"
 prof = cProfile.Profile(time.process_time)
-prof.enable()
+signal.signal(signal.SIGUSR2, lambda *a: prof.enable())   # the benchmark sends it once HOLD begins
 try:
     runpy.run_module("polltuned", run_name="__main__", alter_sys=True)
 except SystemExit:
@@ -243,6 +244,8 @@ def run(args: argparse.Namespace) -> Result:
         res.to_hold_s = clock.monotonic() - t0
         print(f"HOLD after {res.to_hold_s:.0f} s; sampling {args.hold_s:.0f} s", flush=True)
         clock.sleep(args.settle_s)
+        if args.profile:
+            os.kill(pid, signal.SIGUSR2)   # the profile covers HOLD only
         first = sample_proc(host, pid)
         f0 = foreign_cpu_seconds(owner)
         h0 = clock.monotonic()
@@ -329,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", default="/var/lib/polltuned/daemon-cost")
     p.add_argument("--json", action="store_true")
     p.add_argument("--profile", metavar="FILE",
-                   help="run the daemon under cProfile (CPU time), its stats to FILE (inflates its CPU)")
+                   help="profile the daemon in HOLD (cProfile, CPU time), its stats to FILE (inflates its CPU)")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("daemon_cost: needs root (it runs the real daemon on the real kernel)", file=sys.stderr)

@@ -5,6 +5,7 @@ and the shipped Grafana dashboard against what the exporter really emits."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -477,3 +478,39 @@ def _registry_with(doc: Mapping[str, Any]) -> Any:
     ex = MetricsExporter(MetricsConfig(), clock=FakeClock())
     ex.publish(doc)
     return ex.registry
+
+
+def test_in_hold_status_is_published_on_each_window_and_otherwise_rarely(tmp_path: Path) -> None:
+    """Issue 14 (CPU in HOLD): a status document costs ~25 ms; while holding it is written when a
+    window's result (the message) changes and otherwise every hold_status_interval_s, not every
+    status_interval_s."""
+    clock = FakeClock(start=0.0)
+
+    class Stub:
+        phase, message, trial, recovery, stopping, policy = "HOLD", "", None, True, False, None
+
+        def steps(self) -> Iterator[str]:
+            self.phase = "RECOVER"
+            yield "RECOVER"
+            self.phase = "HOLD"
+            for t in range(120):          # two minutes of HOLD in 1 s slices, a window result every 13 s
+                clock.advance(1.0)
+                if t % 13 == 12:
+                    self.message = f"window {t}"
+                yield "HOLD"
+
+    published: list[float] = []
+
+    def status(c: Any) -> dict[str, Any]:
+        published.append(clock.monotonic())
+        return {"phase": c.phase}
+
+    svc = Service(controller=Stub(), notifier=Notifier(environ={}),  # type: ignore[arg-type]
+                  run_dir=str(tmp_path / "run"), clock=clock, build_status=status, reload_policy=lambda: None,  # type: ignore[arg-type,return-value]
+                  status_interval_s=5.0, hold_status_interval_s=30.0)
+    assert svc.run() == 0
+    hold = [t for t in published if t > 0]
+    # 9 window results + 2 periodic refreshes + the final one, instead of 24 at every 5 s
+    assert 9 <= len(hold) <= 13, hold
+    assert {13.0, 26.0, 117.0} <= set(hold)
+    assert not any(b - a > 30.0 for a, b in itertools.pairwise(hold))

@@ -833,7 +833,7 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
             paths.policy.write_text(daemon_policy_toml(
                 base, client_argv(paths, c.server_addr, c.port, paths.client_log), c.client_ns,
                 budget=settings.budget, window_s=settings.window_s))
-            paths.config.write_text("status_interval_s = 1.0\n")
+            paths.config.write_text("status_interval_s = 1.0\nhold_status_interval_s = 1.0\n")
             policy = load_policy(str(paths.policy), nic=c.nic)
             argv = [sys.executable, "-m", "polltuned", "--state-dir", str(paths.daemon_state), "--run-dir",
                     str(paths.daemon_run), "run", "--config", str(paths.config), "--policy", str(paths.policy),

@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         metrics = build_exporter(cfg.metrics, clock)
     service = Service(controller=d.controller, notifier=Notifier(), run_dir=run_dir, clock=clock,
                       build_status=lambda c: build_status(d, c), reload_policy=reload_policy,  # type: ignore[arg-type]
-                      status_interval_s=cfg.status_interval_s, metrics=metrics)
+                      status_interval_s=cfg.status_interval_s,
+                      hold_status_interval_s=cfg.hold_status_interval_s, metrics=metrics)
     log.info("starting: policy %s, host root %s, state %s", policy.name, host_root, state_dir,
              extra={"policy": policy.name})
     rc = service.run()

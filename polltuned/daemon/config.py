@@ -61,6 +61,10 @@ class DaemonConfig(BaseModel):
     run_dir: str = "/run/polltuned"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     status_interval_s: float = Field(5.0, gt=0)
+    #: while the daemon holds, status is refreshed at once when a HOLD window ends (or anything
+    #: else changes) and otherwise only this often (issue 14: a status document costs ~25 ms of CPU,
+    #: most of the daemon's CPU in HOLD at every 5 s)
+    hold_status_interval_s: float = Field(30.0, gt=0)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     study: StudyConfig = Field(default_factory=StudyConfig)
 

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from polltuned.clock import Clock
-from polltuned.daemon.controller import RECOVER, Controller
+from polltuned.daemon.controller import HOLD, RECOVER, Controller
 from polltuned.daemon.status import InstanceLock, write_status
 from polltuned.errors import PolltunedError
 from polltuned.host.systemd import Notifier
@@ -59,6 +59,7 @@ class Service:
         reload_policy: Callable[[], Policy],
         status_interval_s: float = 5.0,
         metrics: MetricsSink | None = None,
+        hold_status_interval_s: float | None = None,
     ) -> None:
         self.controller = controller
         self.notifier = notifier
@@ -67,6 +68,9 @@ class Service:
         self.build_status = build_status
         self.reload_policy = reload_policy
         self.status_interval_s = status_interval_s
+        #: the periodic refresh while holding (None: status_interval_s); a change (phase or
+        #: message: every HOLD window's result) is published at once in any phase
+        self.hold_status_interval_s = status_interval_s if hold_status_interval_s is None else hold_status_interval_s
         self.metrics = metrics
         self.flags = _Flags()
         self.lock = InstanceLock(run_dir)
@@ -126,6 +130,7 @@ class Service:
             signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_handover),
         }
         last_phase = ""
+        last_message = ""
         last_publish = -1e18
         last_ping = -1e18
         try:
@@ -145,10 +150,13 @@ class Service:
                 if now - last_ping >= 1.0:  # WatchdogSec is minutes; one ping a second is plenty
                     self.notifier.watchdog()
                     last_ping = now
-                if (phase != last_phase and now - last_publish >= 0.2) or now - last_publish >= self.status_interval_s:
+                message = self.controller.message
+                changed = phase != last_phase or message != last_message
+                every = self.hold_status_interval_s if phase == HOLD else self.status_interval_s
+                if (changed and now - last_publish >= 0.2) or now - last_publish >= every:
                     self._publish()
                     self.notifier.status(self._short())
-                    last_phase, last_publish = phase, now
+                    last_phase, last_message, last_publish = phase, message, now
             if self.flags.handover:
                 self._hand_over()
             self._publish()
