@@ -268,6 +268,31 @@ def test_challenger_share_is_bounded_and_a_worse_challenger_never_replaces() -> 
     assert j["now"] <= j["entry"] * 1.05, j
 
 
+def test_a_stop_during_a_challenger_is_not_reported_as_its_verdict() -> None:
+    p = policy(explore_share=0.5)
+    env = FlipEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    hold_windows_until_hold(e, env, events)
+    for _ in range(200):
+        run_until(e, env, 1, events)
+        if env.kinds[-1] is WindowKind.CHALLENGE:
+            break
+    assert env.kinds[-1] is WindowKind.CHALLENGE, "no challenger at explore_share 0.5"
+    active = e.state.hold.active if e.state.hold is not None else None
+    e.request_stop()
+    for _ in range(10):
+        act = e.next_action()
+        events += e.drain_events()
+        if isinstance(act, Done):
+            break
+        perform(e, env, act)
+    msgs = [ev.message for ev in events if ev.kind is EventKind.CHALLENGE]
+    assert any(m.startswith("challenger not decided: stopping") for m in msgs), msgs
+    assert not any(m.startswith("challenger lost") for m in msgs[-1:])
+    assert active is not None and e.result is not None and e.result.deployed == active.config
+
+
 def test_simplification_drops_an_inert_knob() -> None:
     p = policy(budget=24)
     env = FlipEnv(p)

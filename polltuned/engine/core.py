@@ -1073,6 +1073,10 @@ class Engine:
             self._emit(Phase.HOLD, "challenger replaces the entry: " + verdict.reason, kind=EventKind.DEPLOY)
             return
         yield from self._put_back(active.config, WindowKind.HOLD)
+        if st.stop:   # the verdict of an unfinished comparison is not a decision
+            self._emit(Phase.HOLD, "challenger not decided: stopping (the active entry stays)",
+                       kind=EventKind.CHALLENGE)
+            return
         self._emit(Phase.HOLD, "challenger lost: " + verdict.reason, kind=EventKind.CHALLENGE)
 
     def hold_status(self) -> dict[str, object]:
