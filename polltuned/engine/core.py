@@ -77,6 +77,18 @@ MIN_GAIN = 0.02
 RESUME_PAIRS = 2
 
 T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Compared:
+    """What an interleaved comparison found: the verdict, both arms' J per window, whether a load
+    change cut it short, and the load (context) of its first window, where its decision belongs."""
+
+    verdict: Verdict
+    a: list[float]
+    b: list[float]
+    cut: bool = False
+    load: dict[str, float] | None = None
 #: what the driver sends back into a phase handler: None (applied), the error (not applied), a window
 Reply = Window | PolltunedError | None
 #: a phase handler (or a part of one): yields actions, receives their outcomes, returns ``T``
@@ -116,9 +128,6 @@ class Engine:
         self._pending: Apply | Measure | None = None
         self._reply: Reply = None
         self._started = False
-        #: the load of the first window of the last comparison, and whether a load change cut it
-        self._anchor: dict[str, float] | None = None
-        self._cut = False
 
     def _open(self, current: Mapping[str, KnobValue], optimiser: Optimiser | None, *, resume: bool,
               observe: bool) -> SessionState:
@@ -596,7 +605,6 @@ class Engine:
         st = self.state
         if st.stop:
             return (yield from self._stopped())
-        self._anchor = None
         rec = self._pick()
         if rec is None:
             yield from self._put_back(st.baseline)
@@ -610,20 +618,21 @@ class Engine:
         if simple != cand:
             self._emit(Phase.CONFIRM, "simplified the candidate to " + _fmt(simple, st.baseline))
             cand = simple
-        verdict, a, b = yield from self._confirm(cand)
+        c = yield from self._confirm(cand)
+        verdict, a, b = c.verdict, c.a, c.b
         if st.stop:
             return (yield from self._stopped())
         deployed = cand if verdict.deploy else st.baseline
         yield from self._put_back(deployed, WindowKind.CONFIRM)
         reason = (("deployed: " if verdict.deploy else "baseline kept: ") + verdict.reason
-                  + (" (cut short by a load change)" if self._cut else ""))
+                  + (" (cut short by a load change)" if c.cut else ""))
         if st.result is None:
             self._finish(st, verdict, reason, deployed=deployed, best=cand)
             self._emit(Phase.DONE, reason, kind=EventKind.DEPLOY if verdict.deploy else EventKind.KEEP)
         level = mean_log(b if verdict.deploy else a) if (b if verdict.deploy else a) else None
-        pending = Pending(dict(cand), list(a), list(b), shares) if self._resumable(verdict, a, b) else None
+        pending = Pending(dict(cand), list(a), list(b), shares) if self._resumable(c) else None
         return self._decided(verdict if verdict.deploy else None, level, reason, config=deployed,
-                             windows=len(a) + len(b), shares=shares, pending=pending)
+                             windows=len(a) + len(b), shares=shares, pending=pending, load=c.load)
 
     def _simplify(self, cfg: Mapping[str, KnobValue]) -> tuple[dict[str, KnobValue], tuple[tuple[str, float], ...]]:
         """Deploy only what matters: the optimiser's own simplification (knobs the model is sure do
@@ -705,14 +714,15 @@ class Engine:
 
     def _confirm(self, cand: dict[str, KnobValue], *, against: dict[str, KnobValue] | None = None,
                  kind: WindowKind = WindowKind.CONFIRM, earlier: Pending | None = None
-                 ) -> Steps[tuple[Verdict, list[float], list[float]]]:
+                 ) -> Steps[Compared]:
         """Interleaved A/B pairs with sequential looks at ``pairs x 2^k`` (k < looks): at each look
         the candidate is deployed when its gain is significant at ``alpha / looks`` (Bonferroni over
         the looks, so the chance of deploying a non-improvement stays <= alpha) and at least
         ``min_effect``; the comparison stops early for futility when even the optimistic bound of
         the gain is below ``min_effect``. Noisy hosts get more pairs, clear cases few. A is the
         baseline (or ``against``: the active entry, for HOLD's challengers and fallback checks).
-        Returns the verdict and the J of both arms' windows."""
+        Returns the verdict, the J of both arms' windows, whether a load change cut it and the load
+        of its first window."""
         st, pol = self.state, self.policy
         a: list[float] = list(earlier.a) if earlier is not None else []
         b: list[float] = list(earlier.b) if earlier is not None else []
@@ -722,7 +732,7 @@ class Engine:
         broke: str | None = None
         p = min(len(a), len(b))   # a resumed comparison goes on from its pairs (same schedule of looks)
         ctxs: list[dict[str, float]] = []
-        self._cut = False
+        cut = False
         while broke is None and not st.stop and p < looks[-1]:
             broke = yield from self._confirm_pair(p, cand, base, a, b, kind, ctxs)
             p += 1
@@ -730,17 +740,17 @@ class Engine:
                 v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
                 if v.deploy or v.ci_high < pol.confirm.min_effect:
                     break  # decided: significant gain, or no chance of a worthwhile one
-            if broke is None and self._load_left(ctxs):
+            before = self._pairs_before_the_load_left(ctxs) if broke is None else None
+            if before is not None:
                 # the load left the region the comparison started in: its later pairs would judge
                 # the candidate on another load (and the decision would land in the wrong region).
                 # Decide on the pairs of the starting load, as one more look at alpha / looks.
-                keep = self._before_cut(ctxs) + (len(earlier.a) if earlier is not None else 0)
+                keep = before + (len(earlier.a) if earlier is not None else 0)
                 del a[keep:], b[keep:]
-                self._cut = True
+                cut = True
                 self._emit(Phase.HOLD if kind is not WindowKind.CONFIRM else Phase.CONFIRM,
                            f"the load changed during the {_DURING[kind]}: decided on its first {keep} pairs")
                 break
-        self._anchor = dict(ctxs[0]) if ctxs else None
         verdict = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
         if broke is not None:
             st.guard_events.append(broke)
@@ -748,27 +758,24 @@ class Engine:
                        kind=EventKind.GUARD)
             verdict = Verdict(verdict.baseline_samples, verdict.candidate_samples, verdict.gain, verdict.ci_low,
                               verdict.ci_high, verdict.p_value, verdict.significant, False, broke)
-        return verdict, a, b
+        return Compared(verdict, a, b, cut, dict(ctxs[0]) if ctxs else None)
 
-    def _load_left(self, ctxs: Sequence[Mapping[str, float]]) -> bool:
-        """Follow mode: the last ``hold.switch_windows`` windows of a comparison are all further than
-        the region radius from its first window's load (the daemon would switch there)."""
+    def _pairs_before_the_load_left(self, ctxs: Sequence[Mapping[str, float]]) -> int | None:
+        """Follow mode: when the last ``hold.switch_windows`` windows of a comparison are all further
+        than the region radius from its first window's load (the daemon would switch there), the
+        whole pairs whose two windows both saw that first load; None while the load has not left."""
         hp = self.policy.hold
         n = hp.switch_windows
-        if not self.state.follow or len(ctxs) < n + 1:
-            return False
-        first = log_context(ctxs[0])
-        return bool(first) and all(distance(log_context(c), first) > hp.region_radius for c in ctxs[-n:])
-
-    def _before_cut(self, ctxs: Sequence[Mapping[str, float]]) -> int:
-        """Whole pairs whose two windows both saw the comparison's first load."""
-        first, r = log_context(ctxs[0]), self.policy.hold.region_radius
-        n = 0
-        for i in range(0, len(ctxs) - 1, 2):
-            if distance(log_context(ctxs[i]), first) > r or distance(log_context(ctxs[i + 1]), first) > r:
-                break
-            n += 1
-        return n
+        first = log_context(ctxs[0]) if ctxs else {}
+        if not self.state.follow or len(ctxs) < n + 1 or not first:
+            return None
+        far = [distance(log_context(c), first) > hp.region_radius for c in ctxs]
+        if not all(far[-n:]):
+            return None
+        pairs = 0
+        while 2 * pairs + 1 < len(far) and not far[2 * pairs] and not far[2 * pairs + 1]:
+            pairs += 1
+        return pairs
 
     def _confirm_pair(self, p: int, cand: dict[str, KnobValue], base: dict[str, KnobValue], a: list[float],
                       b: list[float], kind: WindowKind, ctxs: list[dict[str, float]]) -> Steps[str | None]:
@@ -807,9 +814,11 @@ class Engine:
     # ------------------------------------------------------------------ HOLD: follow the load
     def _decided(self, verdict: Verdict | None, level: float | None, why: str, *,
                  config: Mapping[str, KnobValue] | None = None, windows: int = 0,
-                 shares: tuple[tuple[str, float], ...] = (), pending: Pending | None = None) -> Phase:
+                 shares: tuple[tuple[str, float], ...] = (), pending: Pending | None = None,
+                 load: Mapping[str, float] | None = None) -> Phase:
         """A search's decision becomes the table entry of its load region (the originals when
-        nothing was confirmed) and the active one; then HOLD, or DONE outside follow mode."""
+        nothing was confirmed) and the active one; then HOLD, or DONE outside follow mode. ``load``:
+        the context the decision was measured at (a comparison's first window), else the current one."""
         st = self.state
         if not st.follow or st.stop:
             return Phase.DONE
@@ -817,7 +826,7 @@ class Engine:
         if st.hold is None:
             st.hold = HoldState(RegionMap(hp.region_radius, hp.max_regions))
         h = st.hold
-        region = h.searching if h.searching is not None else h.regions.assign(self._anchor or st.context)
+        region = h.searching if h.searching is not None else h.regions.assign(load or st.context)
         h.searching = None
         if level is None:
             mean = st.refs.mean_level() if verdict is None else None
@@ -918,14 +927,14 @@ class Engine:
             yield from self._challenge()
         return None
 
-    def _resumable(self, verdict: Verdict, a: Sequence[float], b: Sequence[float]) -> bool:
+    def _resumable(self, c: Compared) -> bool:
         """A comparison a load change cut is worth going on with when it has not decided and its
         pairs so far do not argue against the candidate (too few to say, or a gain of at least
         min_effect); one whose gain is below min_effect is decided as it stands."""
-        if not self._cut or verdict.deploy:
+        if not c.cut or c.verdict.deploy:
             return False
-        few = min(len(a), len(b)) < 2 or not math.isfinite(verdict.gain)
-        return few or verdict.gain >= self.policy.confirm.min_effect
+        few = min(len(c.a), len(c.b)) < 2 or not math.isfinite(c.verdict.gain)
+        return few or c.verdict.gain >= self.policy.confirm.min_effect
 
     def _resume_pending(self, region: int) -> Steps[None]:
         """The load is back in a region whose first confirmation a load change cut: go on with it."""
@@ -934,10 +943,11 @@ class Engine:
         pend = h.pending.pop(region)
         self._emit(Phase.CONFIRM, f"load region {region} is back: its confirmation goes on from "
                                   f"{min(len(pend.a), len(pend.b))} pairs")
-        verdict, a, b = yield from self._confirm(dict(pend.config), earlier=pend)
+        c = yield from self._confirm(dict(pend.config), earlier=pend)
+        verdict, a, b = c.verdict, c.a, c.b
         if st.stop:
             return
-        if self._resumable(verdict, a, b):
+        if self._resumable(c):
             h.pending[region] = Pending(pend.config, list(a), list(b), pend.shares)
             active = h.active
             yield from self._put_back(active.config if active is not None else st.baseline, WindowKind.CONFIRM)
@@ -980,12 +990,12 @@ class Engine:
         h = self._hold_state()
         self._emit(Phase.HOLD, f"J above the active entry's level for {h.bad_streak} windows: measuring it "
                                "against the originals", kind=EventKind.FALLBACK)
-        verdict, a, b = yield from self._confirm(dict(active.config), against=dict(st.baseline),
-                                                 kind=WindowKind.FALLBACK)
+        c = yield from self._confirm(dict(active.config), against=dict(st.baseline), kind=WindowKind.FALLBACK)
+        verdict, a, b = c.verdict, c.a, c.b
         h.fallbacks += 1
         if st.stop:
             return
-        if self._cut and not verdict.deploy:
+        if c.cut and not verdict.deploy:
             # the load moved on during the check: the region rules decide what the new load gets
             yield from self._put_back(active.config, WindowKind.FALLBACK)
             h.bad_streak = 0
@@ -1056,7 +1066,8 @@ class Engine:
         self._emit(Phase.HOLD, "challenger " + _fmt(cand, st.baseline) + f" against region {active.region}'s entry",
                    kind=EventKind.CHALLENGE)
         n0 = st.index
-        verdict, a, b = yield from self._confirm(cand, against=dict(active.config), kind=WindowKind.CHALLENGE)
+        c = yield from self._confirm(cand, against=dict(active.config), kind=WindowKind.CHALLENGE)
+        verdict, a, b = c.verdict, c.a, c.b
         h.credit -= st.index - n0
         y_active = math.log(max(1.0 - active.gain, 1e-9))
         for x in b if a else []:
