@@ -101,6 +101,18 @@ def until_entry(engine: Engine, env: FlipEnv, region: int, events: list[Event], 
     raise AssertionError(f"region {region} never got an entry: {[ev.message for ev in events[-8:]]}")
 
 
+def both_regions(p: Policy) -> tuple[FlipEnv, Engine, list[Event]]:
+    """A following engine that has decided for split (region 0) and then searched shared (region 1),
+    back in HOLD with shared's entry active."""
+    env = FlipEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    hold_windows_until_hold(e, env, events)
+    env.load = "shared"
+    until_entry(e, env, 1, events)
+    return env, e, events
+
+
 def test_regions_group_contexts_and_cap_their_number() -> None:
     m = RegionMap(radius=0.7, max_regions=2)
     assert m.assign(SPLIT) == 0 and m.assign({"sessions": 15.0}) == 0   # same load
@@ -176,12 +188,7 @@ def test_a_load_change_to_a_confirmed_region_switches_without_a_fallback_check()
     # check (which compared the split entry with the originals on the shared load, for up to
     # pairs x 2^looks windows) is not what answers a change the context shows.
     p = policy()
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)
-    env.load = "shared"
-    until_entry(e, env, 1, events)
+    env, e, events = both_regions(p)
     env.load = "split"
     run_until(e, env, p.hold.min_switch_interval + p.hold.switch_windows + 2, events)
     h = e.state.hold
@@ -228,12 +235,7 @@ def test_a_load_change_cuts_a_confirmation_and_its_pairs_go_on_when_the_load_is_
 
 def test_no_flapping_when_the_context_oscillates_around_a_boundary() -> None:
     p = policy()
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)
-    env.load = "shared"
-    until_entry(e, env, 1, events)
+    env, e, events = both_regions(p)
     h = e.state.hold
     assert h is not None and set(h.table) == {0, 1}
     before = h.switches
@@ -371,12 +373,7 @@ def test_status_shows_the_context_the_table_and_exploration() -> None:
     from polltuned.daemon.render import hold_lines
 
     p = policy()
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)
-    env.load = "shared"
-    until_entry(e, env, 1, events)
+    _env, e, _events = both_regions(p)
     doc = e.hold_status()
     lines = "\n".join(hold_lines(doc))
     assert "load now: sessions 1" in lines and "(the originals)" in lines and "busy_read=" in lines
