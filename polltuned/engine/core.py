@@ -39,7 +39,8 @@ Rules it keeps:
   workload (a SHIFT event): observations from before it are no longer told;
 * the final pick is the optimiser's recommendation, simplified, re-measured against the baseline
   interleaved A/B/A/B; it is deployed only when the gain is significant and at least
-  ``confirm.min_effect``; otherwise the baseline stays and the verdict says why;
+  ``confirm.min_effect``; otherwise the baseline stays and the verdict says why (following the
+  load, a look whose gain estimate is below ``confirm.futility`` x min_effect also ends it);
 * every window is appended to the Study with its kind; a restart resumes the unfinished session;
   a start with a confirmed deployment on record for the same policy and host (``resume=True``)
   re-applies it and checks it with a short interleaved comparison instead of searching again.
@@ -445,8 +446,12 @@ class Engine:
                 st.shared = self.store.shared_observations(st.session, st.baseline)
                 pending = self.store.pending_configs(st.session)
                 self._retell(st)
-            cfg = st.optimiser.ask(remaining=st.budget_end - st.windows_used, pending=pending,
-                                   context=st.context)
+            h = st.hold
+            if h is not None and h.transfer:
+                cfg = h.transfer.pop(0)
+            else:
+                cfg = st.optimiser.ask(remaining=st.budget_end - st.windows_used, pending=pending,
+                                       context=st.context)
             if st.in_class:
                 self.store.set_pending(st.session, cfg)
             yield from self._trial(cfg)
@@ -618,6 +623,15 @@ class Engine:
         if simple != cand:
             self._emit(Phase.CONFIRM, "simplified the candidate to " + _fmt(simple, st.baseline))
             cand = simple
+        if st.hold is not None and isinstance(st.optimiser, Predicting):
+            # a region's search: its pick is the best of a few noisy windows; when the model, which
+            # holds every load's windows, predicts less than min_effect for it at this load, the
+            # confirmation could not deploy it anyway — the originals stay without spending it
+            (m, _), = st.optimiser.predict([cand], context=st.context)
+            if math.isfinite(m) and m > math.log(1.0 - self.policy.confirm.min_effect):
+                yield from self._put_back(st.baseline)
+                return self._decided(None, None, f"the model predicts {1 - math.exp(m):+.1%} for the search's pick "
+                                     f"{_fmt(cand, st.baseline)} at this load (< min_effect): the originals stay")
         c = yield from self._confirm(cand)
         verdict, a, b = c.verdict, c.a, c.b
         if st.stop:
@@ -740,6 +754,9 @@ class Engine:
                 v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
                 if v.deploy or v.ci_high < pol.confirm.min_effect:
                     break  # decided: significant gain, or no chance of a worthwhile one
+                if (st.follow and pol.confirm.futility > 0 and p < looks[-1]
+                        and not v.gain > pol.confirm.futility * pol.confirm.min_effect):
+                    break  # following the load: a look showing too little gain to be worth more windows
             before = self._pairs_before_the_load_left(ctxs) if broke is None else None
             if before is not None:
                 # the load left the region the comparison started in: its later pairs would judge
@@ -1045,6 +1062,15 @@ class Engine:
         st.since_ref = 0
         st.budget_end = st.windows_used + budget
         h.searching = region
+        # the other regions' confirmed deployments are its first trials (one window each): a load
+        # next to a known one often wants the same thing, and the model learns the contrast
+        seen: set[str] = set()
+        h.transfer = []
+        for e in h.table.values():
+            k = self.space.key_of(e.config)
+            if not e.is_originals and e.region != region and k not in seen:
+                seen.add(k)
+                h.transfer.append(dict(e.config))
         h.note(st.index, f"region {region}: a {budget}-window search")
         self._emit(Phase.BASELINE, f"load region {region} has no confirmed entry: a {budget}-window search, "
                                    "warm-started from the model")

@@ -129,6 +129,7 @@ class HoldState:
     fallbacks: int = 0
     searching: int | None = None     # the region a short search is running for
     pending: dict[int, Pending] = field(default_factory=dict)   # cut confirmations, by region
+    transfer: list[dict[str, KnobValue]] = field(default_factory=list)   # other regions' entries to try first
     usable: int = 0                  # usable HOLD windows while the baseline was never measured
     last_kind: str = "hold"          # the kind of the window measured last (status: role)
     log: list[dict[str, object]] = field(default_factory=list)   # the last decisions (status)

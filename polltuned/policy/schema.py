@@ -257,6 +257,9 @@ class Confirm(_Strict):
                                                   "more pairs, decided hosts stop early (alpha split over the looks)")
     alpha: float = Field(0.05, gt=0, lt=0.5)
     min_effect: float = Field(0.05, ge=0, lt=1, description="minimum relative improvement to deploy")
+    futility: float = Field(0.5, ge=0, le=1, description="while following the load (the daemon): a look "
+                            "before the last whose gain estimate is below futility x min_effect stops the "
+                            "comparison (never deploys more; 0 = only the CI rule)")
 
 
 class Hold(_Strict):
