@@ -101,13 +101,19 @@ def until_entry(engine: Engine, env: FlipEnv, region: int, events: list[Event], 
     raise AssertionError(f"region {region} never got an entry: {[ev.message for ev in events[-8:]]}")
 
 
-def both_regions(p: Policy) -> tuple[FlipEnv, Engine, list[Event]]:
-    """A following engine that has decided for split (region 0) and then searched shared (region 1),
-    back in HOLD with shared's entry active."""
+def in_hold(p: Policy) -> tuple[FlipEnv, Engine, list[Event]]:
+    """A following engine on the split load, run until its first decision put it in HOLD."""
     env = FlipEnv(p)
     e = following(p, env)
     events: list[Event] = []
     hold_windows_until_hold(e, env, events)
+    return env, e, events
+
+
+def both_regions(p: Policy) -> tuple[FlipEnv, Engine, list[Event]]:
+    """A following engine that has decided for split (region 0) and then searched shared (region 1),
+    back in HOLD with shared's entry active."""
+    env, e, events = in_hold(p)
     env.load = "shared"
     until_entry(e, env, 1, events)
     return env, e, events
@@ -123,10 +129,7 @@ def test_regions_group_contexts_and_cap_their_number() -> None:
 
 def test_after_the_first_decision_the_engine_holds_instead_of_finishing() -> None:
     p = policy()
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)
+    env, e, events = in_hold(p)
     run_until(e, env, 10, events)
     assert e.result is not None and busy(e.result.deployed), e.result.reason
     assert env.kinds[-1] is WindowKind.HOLD
@@ -161,10 +164,7 @@ def test_fallback_when_the_load_flips_to_one_where_the_deployment_is_bad() -> No
 
 def test_switch_within_switch_windows_plus_one_to_a_confirmed_region() -> None:
     p = policy()
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)          # region 0 (split): busy polling confirmed
+    env, e, events = in_hold(p)          # region 0 (split): busy polling confirmed
     run_until(e, env, 6, events)
     env.load = "shared"                              # region 1: searched, the originals kept
     until_entry(e, env, 1, events)
@@ -251,10 +251,7 @@ def test_no_flapping_when_the_context_oscillates_around_a_boundary() -> None:
 
 def test_challenger_share_is_bounded_and_a_worse_challenger_never_replaces() -> None:
     p = policy(explore_share=0.05)
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)
+    env, e, events = in_hold(p)
     h = e.state.hold
     assert h is not None and h.active is not None
     entry = h.active
@@ -272,10 +269,7 @@ def test_challenger_share_is_bounded_and_a_worse_challenger_never_replaces() -> 
 
 def test_a_stop_during_a_challenger_is_not_reported_as_its_verdict() -> None:
     p = policy(explore_share=0.5)
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)
+    env, e, events = in_hold(p)
     for _ in range(200):
         run_until(e, env, 1, events)
         if env.kinds[-1] is WindowKind.CHALLENGE:
@@ -297,10 +291,7 @@ def test_a_stop_during_a_challenger_is_not_reported_as_its_verdict() -> None:
 
 def test_simplification_drops_an_inert_knob() -> None:
     p = policy(budget=24)
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)
+    _, e, _ = in_hold(p)
     h = e.state.hold
     assert h is not None and h.active is not None
     base = default_config(p)
@@ -354,10 +345,7 @@ def test_rollback_after_a_switch_restores_the_originals_exactly(tmp_path: Path) 
 
 def test_apply_actions_in_hold_name_their_kind() -> None:
     p = policy(explore_share=0.2)
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    hold_windows_until_hold(e, env, events)
+    env, e, _ = in_hold(p)
     seen: set[WindowKind] = set()
     for _ in range(300):
         act = e.next_action()

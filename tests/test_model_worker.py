@@ -102,18 +102,31 @@ def test_worker_answers_exactly_as_in_process_also_after_restarts() -> None:
         b.close()
 
 
+class FakeProcess:
+    """A stand-in for the worker's pipe process (the proxy's spawn result): alive, swallows what it
+    is sent; each test scripts its replies (``readline``) and its exit (``close``)."""
+
+    pid = 7
+
+    def alive(self) -> bool:
+        return True
+
+    def write_line(self, line: str) -> None:
+        pass
+
+    def readline(self, timeout_s: float) -> str:
+        raise NotImplementedError
+
+    def close(self, grace_s: float = 2.0) -> int | None:
+        return 0
+
+
 def test_a_worker_that_keeps_dying_is_a_typed_error_after_one_retry() -> None:
     sp = Space.from_policy(small_policy())
     starts: list[int] = []
 
-    class Dead:
+    class Dead(FakeProcess):
         pid = 4242
-
-        def alive(self) -> bool:
-            return True
-
-        def write_line(self, line: str) -> None:
-            pass
 
         def readline(self, timeout_s: float) -> str:
             raise ModelWorkerGone("the model worker (pid 4242) exited (status -9) without answering")
@@ -138,12 +151,7 @@ def test_garbage_or_a_failure_reply_is_a_model_worker_error(head: str) -> None:
     lines = iter(['{"ok": true, "result": null}', "{}", head, "{}"])
     closed: list[int] = []
 
-    class Scripted:
-        pid = 7
-
-        def alive(self) -> bool:
-            return True
-
+    class Scripted(FakeProcess):
         def write_line(self, line: str) -> None:
             json.loads(line)   # the proxy sends JSON
 

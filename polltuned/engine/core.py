@@ -612,26 +612,15 @@ class Engine:
             return (yield from self._stopped())
         rec = self._pick()
         if rec is None:
-            yield from self._put_back(st.baseline)
-            why = "no configuration is predicted to beat the baseline; kept"
-            if st.result is None:
-                self._finish(st, None, why)
-                self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
-            return self._decided(None, None, why)
+            return (yield from self._keep_originals("no configuration is predicted to beat the baseline; kept"))
         cand = {**st.baseline, **rec}
         simple, shares = self._simplify(rec)
         if simple != cand:
             self._emit(Phase.CONFIRM, "simplified the candidate to " + _fmt(simple, st.baseline))
             cand = simple
-        if st.hold is not None and isinstance(st.optimiser, Predicting):
-            # a region's search: its pick is the best of a few noisy windows; when the model, which
-            # holds every load's windows, predicts less than min_effect for it at this load, the
-            # confirmation could not deploy it anyway — the originals stay without spending it
-            (m, _), = st.optimiser.predict([cand], context=st.context)
-            if math.isfinite(m) and m > math.log(1.0 - self.policy.confirm.min_effect):
-                yield from self._put_back(st.baseline)
-                return self._decided(None, None, f"the model predicts {1 - math.exp(m):+.1%} for the search's pick "
-                                     f"{_fmt(cand, st.baseline)} at this load (< min_effect): the originals stay")
+        too_little = self._predicted_too_little(cand)
+        if too_little is not None:
+            return (yield from self._keep_originals(too_little))
         c = yield from self._confirm(cand)
         verdict, a, b = c.verdict, c.a, c.b
         if st.stop:
@@ -647,6 +636,30 @@ class Engine:
         pending = Pending(dict(cand), list(a), list(b), shares) if self._resumable(c) else None
         return self._decided(verdict if verdict.deploy else None, level, reason, config=deployed,
                              windows=len(a) + len(b), shares=shares, pending=pending, load=c.load)
+
+    def _keep_originals(self, why: str) -> Steps[Phase]:
+        """The search ends without a confirmation: the originals go back (and are the session's
+        result when it has none yet) and become the entry."""
+        st = self.state
+        yield from self._put_back(st.baseline)
+        if st.result is None:
+            self._finish(st, None, why)
+            self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
+        return self._decided(None, None, why)
+
+    def _predicted_too_little(self, cand: Mapping[str, KnobValue]) -> str | None:
+        """A region's search (HOLD): its pick is the best of a few noisy windows. When the model, which
+        holds every load's windows, predicts less than min_effect for it at this load, the
+        confirmation could not deploy it anyway: why the originals stay without spending it; None
+        otherwise (and always for the first search)."""
+        st = self.state
+        if st.hold is None or not isinstance(st.optimiser, Predicting):
+            return None
+        (m, _), = st.optimiser.predict([cand], context=st.context)
+        if not math.isfinite(m) or m <= math.log(1.0 - self.policy.confirm.min_effect):
+            return None
+        return (f"the model predicts {1 - math.exp(m):+.1%} for the search's pick {_fmt(cand, st.baseline)} "
+                "at this load (< min_effect): the originals stay")
 
     def _simplify(self, cfg: Mapping[str, KnobValue]) -> tuple[dict[str, KnobValue], tuple[tuple[str, float], ...]]:
         """Deploy only what matters: the optimiser's own simplification (knobs the model is sure do
@@ -1064,13 +1077,8 @@ class Engine:
         h.searching = region
         # the other regions' confirmed deployments are its first trials (one window each): a load
         # next to a known one often wants the same thing, and the model learns the contrast
-        seen: set[str] = set()
-        h.transfer = []
-        for e in h.table.values():
-            k = self.space.key_of(e.config)
-            if not e.is_originals and e.region != region and k not in seen:
-                seen.add(k)
-                h.transfer.append(dict(e.config))
+        h.transfer = list({self.space.key_of(e.config): dict(e.config) for e in h.table.values()
+                           if not e.is_originals and e.region != region}.values())
         h.note(st.index, f"region {region}: a {budget}-window search")
         self._emit(Phase.BASELINE, f"load region {region} has no confirmed entry: a {budget}-window search, "
                                    "warm-started from the model")
