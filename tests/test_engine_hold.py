@@ -442,3 +442,29 @@ def test_following_the_load_a_comparison_stops_early_for_futility_and_never_depl
     assert fewer >= 2, "the futility rule never stopped a comparison earlier"
     # a real gain (timer_migration: 12 %) is still deployed every time
     assert all(_compare("timer_migration", {"kernel.timer_migration": 0}, follow=True, seed=s)[1] for s in range(5))
+
+
+def test_a_first_search_that_keeps_the_originals_decides_for_the_load_it_measured() -> None:
+    """The first search's windows were on one load and the load changed in its last window: its
+    decision (the originals, no comparison) is the region of the load it measured, and the new load
+    is a region of its own with no entry (it gets its own search)."""
+    from polltuned.engine.hold import HoldState
+    from polltuned.engine.session import WindowObs
+
+    p = policy()
+    env = FlipEnv(p)
+    e = following(p, env)
+    base = default_config(p)
+    st = e.state
+    st.obs = [WindowObs(i, dict(base), 0.0, i % 3 == 0, context=dict(SHARED)) for i in range(11)]
+    st.obs.append(WindowObs(11, dict(base), 0.0, False, context=dict(SPLIT)))
+    st.context = dict(SPLIT)
+    h = HoldState(RegionMap(p.hold.region_radius, p.hold.max_regions))
+    region = e._search_region(h)
+    assert region == h.regions.nearest(SHARED)[0]
+    split_region, d = h.regions.nearest(SPLIT)
+    assert split_region != region and d == 0.0
+    # a tie goes to the load measured last
+    st.obs = st.obs[:1] + st.obs[-1:]
+    h2 = HoldState(RegionMap(p.hold.region_radius, p.hold.max_regions))
+    assert e._search_region(h2) == h2.regions.nearest(SPLIT)[0]

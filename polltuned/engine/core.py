@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import uuid
+from collections import Counter
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TypeVar
 
@@ -856,7 +857,12 @@ class Engine:
         if st.hold is None:
             st.hold = HoldState(RegionMap(hp.region_radius, hp.max_regions))
         h = st.hold
-        region = h.searching if h.searching is not None else h.regions.assign(load or st.context)
+        if h.searching is not None:
+            region = h.searching
+        elif load is not None:
+            region = h.regions.assign(load)
+        else:
+            region = self._search_region(h)
         h.searching = None
         if level is None:
             mean = st.refs.mean_level() if verdict is None else None
@@ -877,6 +883,19 @@ class Engine:
         self._emit(Phase.HOLD, f"HOLD: region {region} " + ("deployed " + _fmt(entry.config, st.baseline)
                                                             if verdict is not None else "keeps the originals"))
         return Phase.HOLD
+
+    def _search_region(self, h: HoldState) -> int:
+        """The region of the first search's decision when no comparison measured it: the region
+        most of the search's windows were measured in (the latest of a tie). The load at the moment
+        the search ends can be another one: the originals kept on what the search measured say
+        nothing about a load that arrived in its last window, and that load then gets its own search."""
+        st = self.state
+        seen = [h.regions.assign(o.context) for o in st.obs if o.context]
+        if not seen:
+            return h.regions.assign(st.context)
+        counts = Counter(seen)
+        top = max(counts.values())
+        return next(r for r in reversed(seen) if counts[r] == top)
 
     def _activate(self, entry: Entry, level: float | None) -> None:
         st = self.state
