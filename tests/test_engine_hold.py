@@ -12,8 +12,9 @@ from polltuned.clock import FakeClock
 from polltuned.engine.actions import Apply, Done, Measure
 from polltuned.engine.core import Engine
 from polltuned.engine.driver import drive, perform
-from polltuned.engine.hold import RegionMap
+from polltuned.engine.hold import HoldState, RegionMap
 from polltuned.engine.phases import Event, EventKind, WindowKind
+from polltuned.engine.session import WindowObs
 from polltuned.policy.loader import load_policy
 from polltuned.policy.schema import Policy
 from polltuned.records import Config, KnobValue, Window
@@ -448,9 +449,6 @@ def test_a_first_search_that_keeps_the_originals_decides_for_the_load_it_measure
     """The first search's windows were on one load and the load changed in its last window: its
     decision (the originals, no comparison) is the region of the load it measured, and the new load
     is a region of its own with no entry (it gets its own search)."""
-    from polltuned.engine.hold import HoldState
-    from polltuned.engine.session import WindowObs
-
     p = policy()
     env = FlipEnv(p)
     e = following(p, env)

@@ -849,7 +849,8 @@ class Engine:
                  load: Mapping[str, float] | None = None) -> Phase:
         """A search's decision becomes the table entry of its load region (the originals when
         nothing was confirmed) and the active one; then HOLD, or DONE outside follow mode. ``load``:
-        the context the decision was measured at (a comparison's first window), else the current one."""
+        the context the decision was measured at (a comparison's first window); without one, the
+        region most of the search's windows were measured in (_search_region)."""
         st = self.state
         if not st.follow or st.stop:
             return Phase.DONE
