@@ -466,3 +466,44 @@ def test_a_first_search_that_keeps_the_originals_decides_for_the_load_it_measure
     st.obs = st.obs[:1] + st.obs[-1:]
     h2 = HoldState(RegionMap(p.hold.region_radius, p.hold.max_regions))
     assert e._search_region(h2) == h2.regions.nearest(SPLIT)[0]
+
+
+class HostileSharedEnv(FlipEnv):
+    """FlipEnv whose shared load makes busy polling 20x slower: a candidate found on split breaks
+    the guard as soon as the load is shared."""
+
+    def measure(self, window_index: int) -> Window:
+        w = super().measure(window_index)
+        if self.load == "shared" and busy(self.config):
+            return replace(w, latency={k: v * 20.0 for k, v in w.latency.items()}, histogram=None)
+        return w
+
+
+def test_a_guard_break_at_another_load_does_not_decide_for_the_load_the_comparison_started_at() -> None:
+    """The first confirmation's candidate (busy polling, found on split) breaks the guard in the
+    first pair after the load moved to shared: the originals go back at once, but split's entry is
+    not "baseline kept": its pair so far waits, and split deploys the candidate when it is back."""
+    p = policy()
+    env = HostileSharedEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    while env.kinds.count(WindowKind.CONFIRM) < 2:   # one pair of the first confirmation, on split
+        run_until(e, env, 1, events)
+    assert busy(env.config)
+    env.load = "shared"
+    while e.state.hold is None:
+        run_until(e, env, 1, events)
+    h = e.state.hold
+    broke = [ev.message for ev in events if ev.kind is EventKind.GUARD and "at another load" in ev.message]
+    assert broke and "keeps its first 1 pairs" in broke[0], [ev.message for ev in events[-6:]]
+    assert not busy(env.config)                 # the guard put the originals back
+    assert h.regions.nearest(SPLIT)[0] == 0 and not busy(h.table[0].config)
+    assert 0 in h.pending and len(h.pending[0].a) == 1
+    assert "not decided" in h.table[0].why
+    env.load = "split"
+    for _ in range(150):
+        run_until(e, env, 1, events)
+        if busy(h.table[0].config):
+            break
+    assert busy(h.table[0].config), [ev.message for ev in events[-6:]]
+    assert "resumed confirmation" in h.table[0].why

@@ -771,6 +771,22 @@ class Engine:
                 if (st.follow and pol.confirm.futility > 0 and p < looks[-1]
                         and not v.gain > pol.confirm.futility * pol.confirm.min_effect):
                     break  # following the load: a look showing too little gain to be worth more windows
+            if broke is not None and kind is WindowKind.CONFIRM:
+                before = self._pairs_before_a_break_elsewhere(ctxs)
+                if before is not None:
+                    # the candidate broke the guard at a load the comparison did not start at: the
+                    # originals go back (the guard did its job), but the break says nothing about the
+                    # candidate at the starting load, where its pairs so far stay the evidence
+                    keep = before + (len(earlier.a) if earlier is not None else 0)
+                    del a[keep:], b[keep:]
+                    self._emit(Phase.CONFIRM, broke + f" at another load: the comparison keeps its first {keep} "
+                                                      "pairs for its own load", kind=EventKind.GUARD)
+                    st.guard_events.append(broke)
+                    v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
+                    why = f"not decided: the load changed and the candidate broke the guard there ({broke})"
+                    verdict = Verdict(v.baseline_samples, v.candidate_samples, v.gain, v.ci_low, v.ci_high,
+                                      v.p_value, v.significant, False, why)
+                    return Compared(verdict, a, b, True, dict(ctxs[0]))
             before = self._pairs_before_the_load_left(ctxs) if broke is None else None
             if before is not None:
                 # the load left the region the comparison started in: its later pairs would judge
@@ -805,6 +821,23 @@ class Engine:
             return None
         pairs = 0
         while 2 * pairs + 1 < len(far) and not far[2 * pairs] and not far[2 * pairs + 1]:
+            pairs += 1
+        return pairs
+
+    def _pairs_before_a_break_elsewhere(self, ctxs: Sequence[Mapping[str, float]]) -> int | None:
+        """Follow mode, after the guard broke in the last pair: when a window of that pair is
+        further than the region radius from the comparison's first window's load, the whole pairs
+        before it whose two windows both saw that first load; None when the break was at that load."""
+        hp = self.policy.hold
+        first = log_context(ctxs[0]) if ctxs else {}
+        if not self.state.follow or len(ctxs) < 2 or not first:
+            return None
+        far = [distance(log_context(c), first) > hp.region_radius for c in ctxs]
+        last = len(far) - (2 if len(far) % 2 == 0 else 1)
+        if not any(far[last:]):
+            return None
+        pairs = 0
+        while 2 * pairs + 1 < last and not far[2 * pairs] and not far[2 * pairs + 1]:
             pairs += 1
         return pairs
 
