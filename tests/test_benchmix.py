@@ -322,3 +322,57 @@ def test_table_and_json_are_well_formed() -> None:
     table = render_mix_table(res)
     assert "4 win / 50 s" in table and "never in HOLD" in table and "NOT met" in table
     assert table.count("\n") >= 15 and "J follow" in table and "busy_read=50" in table
+
+
+# ---------------------------------------------------------------------------- the memcached mix
+
+
+def test_memcached_phases_round_trip_and_their_errors(tmp_path: Path) -> None:
+    from polltuned.bench.mix import phase_load, schedule_app
+
+    p = tmp_path / "phase.json"
+    load = phase_load(3, "kv-high")
+    assert load.app == "memcached" and load.rate == LAYOUTS["kv-high"].rate and load.sessions == 8
+    write_phase(str(p), load)
+    assert parse_phase(p.read_text()) == load
+    # a sockperf phase file of the previous format (no app, no rate) still reads as sockperf
+    assert parse_phase('{"phase": 0, "layout": "single", "sessions": 1, "client_cpus": [0]}').app == "sockperf"
+    base = '{"phase": 0, "layout": "kv", "sessions": 1, "client_cpus": [0]'
+    for bad, why in ((base + ', "app": "redis", "rate": 10}', "app must be one of"),
+                     (base + ', "app": "memcached"}', "needs its rate"),
+                     (base + ', "app": "memcached", "rate": 0}', "rate must be"),
+                     (base + ', "app": "memcached", "rate": true}', "rate must be")):
+        with pytest.raises(MixClientError, match=why):
+            parse_phase(bad)
+    assert parse_schedule("kv-low,kv-high,kv-low") == ("kv-low", "kv-high", "kv-low")
+    assert schedule_app(("kv-low", "kv-high")) == "memcached" and schedule_app(("single", "shared")) == "sockperf"
+    with pytest.raises(UsageError, match="one server for the whole run"):
+        parse_schedule("single,kv-high")
+    # both context signals the daemon sees (flows, rate) are further apart than the region radius
+    lo, hi = LAYOUTS["kv-low"], LAYOUTS["kv-high"]
+    assert lo.rate is not None and hi.rate is not None
+    assert math.log1p(hi.sessions) - math.log1p(lo.sessions) > 0.7 and math.log1p(hi.rate) - math.log1p(lo.rate) > 0.7
+
+
+def test_a_memcached_window_runs_one_open_loop_client_on_the_phase_cpu() -> None:
+    kv = {"v": 1, "mode": "open", "requests": 11987, "throughput_rps": 5993.5, "rate_rps": 6000.0,
+          "latency_us": {"p50": 61.0, "p90": 88.0, "p99": 240.5, "p999": 900.0, "mean": 70.2, "max": 1500.0,
+                         "min": 30.0}, "histogram": {"encoded": "x"}}
+    r = _Runner(json.dumps(kv))
+    load = PhaseLoad(2, "kv-high", 8, (0,), app="memcached", rate=6000.0)
+    doc = run_window(load, server="198.18.230.2", port=11211, duration_s=2.0, runner=r)
+    assert len(r.spawned) == 1 and r.spawned[0][1] == [0]
+    argv = r.spawned[0][0]
+    assert argv[1:3] == ("-m", "polltuned.host.kvclient")
+    assert argv[argv.index("--rate") + 1] == "6000" and argv[argv.index("--connections") + 1] == "8"
+    assert argv[argv.index("--duration") + 1] == "2" and "--preload" in argv
+    assert doc["latency_us"] == {"p50": 61.0, "p90": 88.0, "p99": 240.5, "p999": 900.0, "mean": 70.2, "max": 1500.0}
+    assert doc["throughput_rps"] == 5993.5 and doc["observations"] == 11987 and doc["sessions"] == 8
+    # the daemon is told nothing but latencies, rate and the load's size
+    assert set(doc) == {"v", "latency_us", "throughput_rps", "observations", "sessions"}
+    with pytest.raises(MixClientError, match="memcached client failed"):
+        run_window(load, server="s", port=1, duration_s=1, runner=_Runner("", rc=1))
+    with pytest.raises(MixClientError, match="unreadable output"):
+        run_window(load, server="s", port=1, duration_s=1, runner=_Runner("not json"))
+    with pytest.raises(MixClientError, match="no requests"):
+        run_window(load, server="s", port=1, duration_s=1, runner=_Runner(json.dumps({**kv, "requests": 0})))

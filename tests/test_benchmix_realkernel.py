@@ -95,3 +95,39 @@ def test_real_mix_short(real_kernel: None, tmp_path: Path) -> None:
     assert set(doc["targets"]) >= {"every_phase_p99_le_default", "explore_le_10pct_after_first_cycle"}
     table = render_mix_table(res)
     assert "J follow" in table and "single" in table and "shared" in table and "knobs restored: yes" in table
+
+
+@pytest.mark.realkernel
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_real_mix_memcached_short(real_kernel: None, tmp_path: Path) -> None:
+    """The memcached variant: one memcached for the whole run, the open-loop client's rate moves."""
+    for tool in ("memcached", "ethtool", "ip", "taskset"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed")
+    host = FsHost("/")
+    if len(host.glob("/sys/devices/system/cpu", "cpu[0-9]*")) < 2:
+        pytest.skip("the mix loads need 2 CPUs")
+    before = _snapshot(host, bench_netns=False)
+    state = tmp_path / "state"
+    settings = MixSettings(schedule=("kv-low", "kv-high"), phase_s=30.0, budget=4, window_s=1.0, compare_rounds=1,
+                           max_rounds=1, state_dir=state, stop_timeout_s=45.0)
+    res = run_mix(settings, host=host, clock=SystemClock())
+    after = _snapshot(host, bench_netns=False)
+    assert after == before, "a knob or namespace was not restored"
+    assert not host.glob("/run/netns", "ptb-*")
+    assert res.restored and res.daemon_restored and res.daemon_exit == 0
+    lines = [json.loads(x) for x in MixPaths(state / "mix").client_log.read_text().splitlines()]
+    by_phase = {p: [x for x in lines if x["phase"] == p and x["ok"]] for p in (0, 1)}
+    assert len(by_phase[0]) >= 2 and len(by_phase[1]) >= 2, lines[-3:]
+    assert {x["layout"] for x in by_phase[0]} == {"kv-low"} and {x["layout"] for x in by_phase[1]} == {"kv-high"}
+    # the achieved rate follows the phase's schedule (open loop: within 20 % of 1000 and 6000 req/s)
+    for p, want in ((0, 1000.0), (1, 6000.0)):
+        rates = sorted(x["rate"] for x in by_phase[p])
+        assert abs(rates[len(rates) // 2] / want - 1) < 0.2, (p, rates)
+    doc = json.loads(json.dumps(res.to_json()))
+    assert [p["load"] for p in doc["phases"]] == ["kv-low", "kv-high"]
+    assert set(doc["per_load"]) == {"kv-low", "kv-high"}
+    for c in doc["comparison"]:
+        for arm in ("default", "static", "first", "oracle"):
+            assert c[arm]["objective"] is not None and c[arm]["objective"] > 0 and c[arm]["p99_us"] > 0

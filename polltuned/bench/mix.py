@@ -7,6 +7,15 @@ side alternates between phases (default ``single, shared, single, shared``, ``--
   single  one session, client on CPU0, server on CPU1: busy polling wins (~2x on this VM)
   shared  four sessions whose clients run on the server's CPU1: busy polling loses several x
 
+With ``--phases kv-low,kv-high,...`` the server is ONE memcached (CPU1, started once by the world)
+and the client side alternates between request rates instead, with polltuned's open-loop GET client
+(requests sent on schedule, each timed from its intended send time):
+
+  kv-low   one connection, 1000 req/s
+  kv-high  eight connections, 6000 req/s (the defaults' closed-loop capacity is ~9500 req/s here)
+
+One run has one server: sockperf and memcached loads do not mix in a schedule.
+
 Nobody tells the daemon. The bench writes the current load into a phase file; the daemon's probe
 (policy ``bench-mix``: a ``command`` probe running ``python -m polltuned.host.mixclient`` in
 ``ptb-c`` once per window) runs whatever load the file names and prints only percentiles. The
@@ -83,6 +92,9 @@ class MixLayout:
     sessions: int
     client_cpus: tuple[int, ...]
     description: str
+    #: the server all phases share (one kind per run): sockperf, or memcached with an open-loop client
+    app: str = "sockperf"
+    rate: float | None = None     # memcached: requests/s, sent on schedule
 
 
 LAYOUTS: dict[str, MixLayout] = {
@@ -90,6 +102,13 @@ LAYOUTS: dict[str, MixLayout] = {
     # four, not three: the engine's load regions compare log(1 + flows); 1 vs 3 sessions is 0.69 apart,
     # inside the default region radius (0.7), 1 vs 4 is 0.92 (hold.region_radius)
     "shared": MixLayout("shared", 4, (1,), "four sessions, clients on the server's CPU1 (busy polling loses)"),
+    # memcached on CPU1 for the whole run; one open-loop GET client on CPU0 at a low and a high rate
+    # (capacity under the defaults is ~9500 req/s on this VM with 4 closed-loop connections): the
+    # rate and the connections move together, both far apart in the engine's log(1 + x) context
+    "kv-low": MixLayout("kv-low", 1, (0,), "memcached, one connection, 1000 req/s open loop (client CPU0)",
+                        app="memcached", rate=1000.0),
+    "kv-high": MixLayout("kv-high", 8, (0,), "memcached, eight connections, 6000 req/s open loop (client CPU0)",
+                         app="memcached", rate=6000.0),
 }
 DEFAULT_SCHEDULE = ("single", "shared", "single", "shared")
 DEFAULT_PHASE_S = 150.0
@@ -107,12 +126,23 @@ def parse_schedule(text: str) -> tuple[str, ...]:
         raise UsageError(f"--phases: need at least 2 phases (got {len(names)})")
     if any(a == b for a, b in itertools.pairwise(names)):
         raise UsageError("--phases: two consecutive phases with the same load are one phase")
+    apps = sorted({LAYOUTS[n].app for n in names})
+    if len(apps) > 1:
+        raise UsageError(f"--phases: one server for the whole run, but the loads need {' and '.join(apps)}",
+                         hint="sockperf loads: " + ", ".join(n for n, x in LAYOUTS.items() if x.app == "sockperf")
+                         + "; memcached loads: " + ", ".join(n for n, x in LAYOUTS.items() if x.app == "memcached"))
     return names
+
+
+def schedule_app(names: Sequence[str]) -> str:
+    """The server a (checked) schedule runs: the app of its loads."""
+    return LAYOUTS[names[0]].app
 
 
 def phase_load(index: int, layout: str) -> PhaseLoad:
     lay = LAYOUTS[layout]
-    return PhaseLoad(phase=index, layout=layout, sessions=lay.sessions, client_cpus=lay.client_cpus)
+    return PhaseLoad(phase=index, layout=layout, sessions=lay.sessions, client_cpus=lay.client_cpus,
+                     app=lay.app, rate=lay.rate)
 
 
 # ---------------------------------------------------------------------------- the timeline (pure)
@@ -792,9 +822,7 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
             progress: Callable[[str], None] = lambda s: None) -> MixResult:
     """The whole mix bench on the real host. Needs root; hold /tmp/polltuned-realkernel.lock around it."""
 
-    for name in settings.schedule:
-        if name not in LAYOUTS:
-            raise UsageError(f"--phases: unknown load {name!r}", hint="loads: " + ", ".join(LAYOUTS))
+    app = schedule_app(parse_schedule(",".join(settings.schedule)))
     rule = settings.stop_rule()
     if settings.wait_quiet_s is not None:
         quiet, waited = wait_for_quiet(host, clock, timeout_s=settings.wait_quiet_s, progress=progress)
@@ -804,8 +832,9 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
     state_dir = Path(settings.state_dir)
     paths = MixPaths(state_dir / "mix")
     ncpus = max(1, len(host.glob("/sys/devices/system/cpu", "cpu[0-9]*")))
-    workload = Workload("mix", "one sockperf server on CPU1 for the whole run; the client load alternates",
-                        client_cpus=(0,), server_cpus=SERVER_CPUS)
+    workload = Workload("mix", f"one {app} server on CPU1 for the whole run; the client load alternates",
+                        client_cpus=(0,), server_cpus=SERVER_CPUS,
+                        app="memcached" if app == "memcached" else "sockperf")
     world = DefaultWorld(host, runner, clock, state_dir, workload=workload, ncpus=ncpus)
     c = world.config
     base = _base_policy_path(settings.policy)
@@ -823,15 +852,16 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
                 shutil.rmtree(paths.root)
             paths.root.mkdir(parents=True)
             progress(f"creating the world (mix: {', '.join(settings.schedule)}, {settings.phase_s:.0f} s per phase)")
-            world.setup()
-            server = runner.spawn(["sockperf", "server", "-i", c.server_addr, "-p", str(c.port)],
-                                  netns=c.server_ns, cpus=list(world.server_cpus))
-            clock.sleep(0.5)
-            if not server.running():
-                raise HostError(f"bench mix: the sockperf server did not start: {server.stop(0.1).describe()}")
+            world.setup()   # a memcached run: the world starts memcached on CPU1 and waits for it to listen
+            if app == "sockperf":
+                server = runner.spawn(["sockperf", "server", "-i", c.server_addr, "-p", str(c.port)],
+                                      netns=c.server_ns, cpus=list(world.server_cpus))
+                clock.sleep(0.5)
+                if not server.running():
+                    raise HostError(f"bench mix: the sockperf server did not start: {server.stop(0.1).describe()}")
             write_phase(str(paths.phase_file), phase_load(0, settings.schedule[0]))
             paths.policy.write_text(daemon_policy_toml(
-                base, client_argv(paths, c.server_addr, c.port, paths.client_log), c.client_ns,
+                base, client_argv(paths, c.server_addr, world.app_port, paths.client_log), c.client_ns,
                 budget=settings.budget, window_s=settings.window_s))
             paths.config.write_text("status_interval_s = 1.0\nhold_status_interval_s = 1.0\n")
             policy = load_policy(str(paths.policy), nic=c.nic)
@@ -851,7 +881,7 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
             actuator = build_actuator(host, state_dir, clock, app_cpus=policy.app_cpus)
             fitted, dropped = prepare_policy(policy, actuator)
             policy = policy.model_copy(update={"knobs": dict(fitted.knobs)})
-            probe_cfg = policy.probe.model_copy(update={"argv": client_argv(paths, c.server_addr, c.port,
+            probe_cfg = policy.probe.model_copy(update={"argv": client_argv(paths, c.server_addr, world.app_port,
                                                                              paths.compare_log)})
             policy = policy.model_copy(update={"probe": probe_cfg})
             probe = make_probe(probe_cfg, host, clock=clock, runner=runner)

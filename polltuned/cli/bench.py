@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "unattended, while the client load alternates: see --phases, --phase-s)")
     p.add_argument("--phases", metavar="LOAD,LOAD,...", default=None,
                    help="--workload mix: the loads in order, each for --phase-s (default "
-                        "single,shared,single,shared; loads: single, shared)")
+                        "single,shared,single,shared; sockperf loads: single, shared; memcached loads, one "
+                        "open-loop client at a low and a high rate: kv-low, kv-high; one server per run)")
     p.add_argument("--phase-s", type=finite_float(5, 86400), metavar="S", default=None,
                    help="--workload mix: seconds per phase (default 150: the whole run takes ~15 minutes)")
     p.add_argument("--rates", metavar="R,R,...", default=None,

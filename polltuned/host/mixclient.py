@@ -15,6 +15,13 @@ session *i* pinned to ``client_cpus[i % len]``, for ``--duration`` seconds (whol
 clients every window: ``net.core.busy_read`` reaches their sockets; the server's socket predates
 every knob change, so on the server side only ``busy_poll`` (its epoll) acts.
 
+A memcached phase (``"app": "memcached", "rate": R`` in the phase file; the bench's ``kv-low`` /
+``kv-high`` loads, served by one long-running memcached) runs ONE open-loop
+``python -m polltuned.host.kvclient`` instead: ``sessions`` TCP connections, GETs of a preloaded key
+set sent on a Poisson schedule at ``R`` requests/s whatever the replies do, each timed from its
+intended send time (a stall is counted for every request scheduled during it), pinned to
+``client_cpus[0]``, for ``--duration`` seconds.
+
 Output (stdout, one JSON document): ``{"v": 1, "latency_us": {"p50", "p90", "p99", "p999", "mean",
 "max"}, "throughput_rps": R, "observations": N, "sessions": S}``. With ``--log`` one line per run
 is appended (start and end wall time, phase, layout, sessions, p50/p99, rate, ok, error): the
@@ -40,6 +47,11 @@ from polltuned.host.sockperf_output import merge_results, parse_sockperf
 
 MAX_DURATION_S = 600.0
 CLIENT_GRACE_S = 20.0
+#: the applications a phase can load (the bench keeps one server of that kind running)
+APPS = ("sockperf", "memcached")
+#: the memcached phases' key set (the bench-memcached client's)
+KV_KEYS, KV_VALUE_SIZE = 1000, 64
+MAX_RATE = 200_000.0
 
 
 @dataclass(frozen=True)
@@ -50,10 +62,18 @@ class PhaseLoad:
     layout: str
     sessions: int
     client_cpus: tuple[int, ...]
+    #: sockperf ping-pong sessions, or one open-loop memcached client at ``rate`` requests/s
+    app: str = "sockperf"
+    rate: float | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"v": 1, "phase": self.phase, "layout": self.layout, "sessions": self.sessions,
-                "client_cpus": list(self.client_cpus)}
+        doc: dict[str, object] = {"v": 1, "phase": self.phase, "layout": self.layout, "sessions": self.sessions,
+                                  "client_cpus": list(self.client_cpus)}
+        if self.app != "sockperf":
+            doc["app"] = self.app
+        if self.rate is not None:
+            doc["rate"] = self.rate
+        return doc
 
     def cpu_of(self, session: int) -> int | None:
         return self.client_cpus[session % len(self.client_cpus)] if self.client_cpus else None
@@ -84,7 +104,16 @@ def parse_phase(text: str) -> PhaseLoad:
     if not isinstance(cpus, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
                                              for c in cpus):
         raise MixClientError(f"phase file: client_cpus must be a list of CPU numbers (got {cpus!r})")
-    return PhaseLoad(phase=phase, layout=layout, sessions=sessions, client_cpus=tuple(cpus))
+    app, rate = doc.get("app", "sockperf"), doc.get("rate")
+    if app not in APPS:
+        raise MixClientError(f"phase file: app must be one of {', '.join(APPS)} (got {app!r})")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
+                             or not 0 < float(rate) <= MAX_RATE):
+        raise MixClientError(f"phase file: rate must be requests/s in (0, {MAX_RATE:g}] (got {rate!r})")
+    if app == "memcached" and rate is None:
+        raise MixClientError("phase file: a memcached phase needs its rate (requests/s)")
+    return PhaseLoad(phase=phase, layout=layout, sessions=sessions, client_cpus=tuple(cpus), app=app,
+                     rate=float(rate) if rate is not None else None)
 
 
 def write_phase(path: str, load: PhaseLoad) -> None:
@@ -122,10 +151,49 @@ def log_line(load: PhaseLoad | None, t0: float, t1: float, doc: Mapping[str, Any
             "ok": error is None, "error": error}
 
 
-def run_window(load: PhaseLoad, *, server: str, port: int, duration_s: float, runner: Any) -> dict[str, object]:
-    """Run the phase's sessions once, in parallel; the merged result as :func:`result_document`.
-    Raises MixClientError when a session failed."""
+def kv_argv(load: PhaseLoad, server: str, port: int, duration_s: float) -> list[str]:
+    """Pure: the open-loop memcached client of a memcached phase (one process, ``sessions`` connections)."""
+    return [sys.executable, "-m", "polltuned.host.kvclient", "--server", server, "--port", str(port),
+            "--connections", str(load.sessions), "--duration", f"{duration_s:g}", "--keys", str(KV_KEYS),
+            "--value-size", str(KV_VALUE_SIZE), "--preload", "--rate", f"{load.rate:g}", "--arrivals", "poisson",
+            "--seed", str(load.phase)]
 
+
+def kv_document(out: str, sessions: int) -> dict[str, object]:
+    """Pure: the mix client's document from kvclient's JSON (latencies, achieved rate, requests)."""
+    try:
+        doc = json.loads(out)
+        lat = doc["latency_us"]
+        keep = {k: round(float(lat[k]), 3) for k in ("p50", "p90", "p99", "p999", "mean", "max")}
+        rate, n = float(doc["throughput_rps"]), int(doc["requests"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise MixClientError(f"memcached client: unreadable output ({type(e).__name__}: {e})") from None
+    if n < 1:
+        raise MixClientError("memcached client: no requests answered in the window")
+    return {"v": 1, "latency_us": keep, "throughput_rps": round(rate, 1), "observations": n, "sessions": sessions}
+
+
+def _run_kv(load: PhaseLoad, *, server: str, port: int, duration_s: float, runner: Any) -> dict[str, object]:
+    cpu = load.cpu_of(0)
+    proc = runner.spawn(kv_argv(load, server, port, duration_s), cpus=[cpu] if cpu is not None else None)
+    try:
+        res = proc.wait(duration_s + CLIENT_GRACE_S)
+    finally:
+        if proc.running():
+            proc.stop(0.5)
+    if res.timed_out:
+        raise MixClientError("memcached client timed out")
+    if res.returncode != 0:
+        raise MixClientError(f"memcached client failed: {res.describe()}")
+    return kv_document(res.stdout, load.sessions)
+
+
+def run_window(load: PhaseLoad, *, server: str, port: int, duration_s: float, runner: Any) -> dict[str, object]:
+    """Run the phase's sessions once, in parallel (a memcached phase: its one open-loop client);
+    the merged result as :func:`result_document`. Raises MixClientError when a session failed."""
+
+    if load.app == "memcached":
+        return _run_kv(load, server=server, port=port, duration_s=duration_s, runner=runner)
     seconds = max(1, round(duration_s))
     clients = []
     try:
