@@ -25,6 +25,17 @@ from polltuned.host.fs import FsHost
 from .test_bench_realkernel import _snapshot
 
 
+def _mix_host(server: str) -> FsHost:
+    """The real host, or a skip naming what a mix run on it lacks (the server, tools, 2 CPUs)."""
+    for tool in (server, "ethtool", "ip", "taskset"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed")
+    host = FsHost("/")
+    if len(host.glob("/sys/devices/system/cpu", "cpu[0-9]*")) < 2:
+        pytest.skip("the mix loads need 2 CPUs")
+    return host
+
+
 def _net_rx_per_cpu() -> list[int]:
     for line in Path("/proc/softirqs").read_text().splitlines():
         if line.strip().startswith("NET_RX:"):
@@ -36,12 +47,7 @@ def _net_rx_per_cpu() -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_real_mix_short(real_kernel: None, tmp_path: Path) -> None:
-    for tool in ("sockperf", "ethtool", "ip", "taskset"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed")
-    host = FsHost("/")
-    if len(host.glob("/sys/devices/system/cpu", "cpu[0-9]*")) < 2:
-        pytest.skip("the mix loads need 2 CPUs")
+    host = _mix_host("sockperf")
     before = _snapshot(host, bench_netns=False)
     samples: list[tuple[float, list[int]]] = []
     stop = threading.Event()
@@ -102,12 +108,7 @@ def test_real_mix_short(real_kernel: None, tmp_path: Path) -> None:
 @pytest.mark.timeout(420)
 def test_real_mix_memcached_short(real_kernel: None, tmp_path: Path) -> None:
     """The memcached variant: one memcached for the whole run, the open-loop client's rate moves."""
-    for tool in ("memcached", "ethtool", "ip", "taskset"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed")
-    host = FsHost("/")
-    if len(host.glob("/sys/devices/system/cpu", "cpu[0-9]*")) < 2:
-        pytest.skip("the mix loads need 2 CPUs")
+    host = _mix_host("memcached")
     before = _snapshot(host, bench_netns=False)
     state = tmp_path / "state"
     settings = MixSettings(schedule=("kv-low", "kv-high"), phase_s=30.0, budget=4, window_s=1.0, compare_rounds=1,

@@ -37,6 +37,7 @@ class FlipEnv:
     every window carries that load's context (what the counters would say)."""
 
     def __init__(self, p: Policy, seed: int = 0) -> None:
+        self.p = p
         base = default_config(p)
         self.worlds = {"split": ScenarioEnv(p, load_scenario("busypoll_split"), seed=seed, baseline=base),
                        "shared": ScenarioEnv(p, load_scenario("busypoll_shared"), seed=seed + 1, baseline=base)}
@@ -117,6 +118,23 @@ def both_regions(p: Policy) -> tuple[FlipEnv, Engine, list[Event]]:
     env, e, events = in_hold(p)
     env.load = "shared"
     until_entry(e, env, 1, events)
+    return env, e, events
+
+
+def shared_after_one_confirm_pair(env: FlipEnv, *, candidate_applied: bool = False
+                                  ) -> tuple[FlipEnv, Engine, list[Event]]:
+    """A following engine on ``env``: one pair of its first confirmation on split, then the load
+    moves to shared and it runs until its first decision put it in HOLD. ``candidate_applied``:
+    assert the candidate (busy polling) was in force when the load moved."""
+    e = following(env.p, env)
+    events: list[Event] = []
+    while env.kinds.count(WindowKind.CONFIRM) < 2:
+        run_until(e, env, 1, events)
+    if candidate_applied:
+        assert busy(env.config)
+    env.load = "shared"
+    while e.state.hold is None:
+        run_until(e, env, 1, events)
     return env, e, events
 
 
@@ -202,15 +220,7 @@ def test_a_load_change_to_a_confirmed_region_switches_without_a_fallback_check()
 
 
 def test_a_load_change_cuts_a_confirmation_and_its_pairs_go_on_when_the_load_is_back() -> None:
-    p = policy()
-    env = FlipEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    while env.kinds.count(WindowKind.CONFIRM) < 2:   # one pair of the first confirmation, on split
-        run_until(e, env, 1, events)
-    env.load = "shared"
-    while e.state.hold is None:
-        run_until(e, env, 1, events)
+    env, e, events = shared_after_one_confirm_pair(FlipEnv(policy()))
     h = e.state.hold
     cut = [ev.message for ev in events if "load changed during" in ev.message]
     assert cut, [ev.message for ev in events[-6:]]
@@ -483,16 +493,7 @@ def test_a_guard_break_at_another_load_does_not_decide_for_the_load_the_comparis
     """The first confirmation's candidate (busy polling, found on split) breaks the guard in the
     first pair after the load moved to shared: the originals go back at once, but split's entry is
     not "baseline kept": its pair so far waits, and split deploys the candidate when it is back."""
-    p = policy()
-    env = HostileSharedEnv(p)
-    e = following(p, env)
-    events: list[Event] = []
-    while env.kinds.count(WindowKind.CONFIRM) < 2:   # one pair of the first confirmation, on split
-        run_until(e, env, 1, events)
-    assert busy(env.config)
-    env.load = "shared"
-    while e.state.hold is None:
-        run_until(e, env, 1, events)
+    env, e, events = shared_after_one_confirm_pair(HostileSharedEnv(policy()), candidate_applied=True)
     h = e.state.hold
     broke = [ev.message for ev in events if ev.kind is EventKind.GUARD and "at another load" in ev.message]
     assert broke and "keeps its first 1 pairs" in broke[0], [ev.message for ev in events[-6:]]

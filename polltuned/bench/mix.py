@@ -58,7 +58,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from polltuned.actuator import build_actuator
 from polltuned.bench.comparison import STATIC_OVERRIDES, StopRule, comparison_done, summarise_arm, window_objective
@@ -86,6 +86,9 @@ log = logging.getLogger("polltuned.bench")
 SERVER_CPUS = (1,)
 
 
+MixApp = Literal["sockperf", "memcached"]
+
+
 @dataclass(frozen=True)
 class MixLayout:
     name: str
@@ -93,7 +96,7 @@ class MixLayout:
     client_cpus: tuple[int, ...]
     description: str
     #: the server all phases share (one kind per run): sockperf, or memcached with an open-loop client
-    app: str = "sockperf"
+    app: MixApp = "sockperf"
     rate: float | None = None     # memcached: requests/s, sent on schedule
 
 
@@ -134,7 +137,7 @@ def parse_schedule(text: str) -> tuple[str, ...]:
     return names
 
 
-def schedule_app(names: Sequence[str]) -> str:
+def schedule_app(names: Sequence[str]) -> MixApp:
     """The server a (checked) schedule runs: the app of its loads."""
     return LAYOUTS[names[0]].app
 
@@ -833,8 +836,7 @@ def run_mix(settings: MixSettings, *, host: Host, clock: Clock,
     paths = MixPaths(state_dir / "mix")
     ncpus = max(1, len(host.glob("/sys/devices/system/cpu", "cpu[0-9]*")))
     workload = Workload("mix", f"one {app} server on CPU1 for the whole run; the client load alternates",
-                        client_cpus=(0,), server_cpus=SERVER_CPUS,
-                        app="memcached" if app == "memcached" else "sockperf")
+                        client_cpus=(0,), server_cpus=SERVER_CPUS, app=app)
     world = DefaultWorld(host, runner, clock, state_dir, workload=workload, ncpus=ncpus)
     c = world.config
     base = _base_policy_path(settings.policy)

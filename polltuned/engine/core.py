@@ -776,17 +776,13 @@ class Engine:
                 if before is not None:
                     # the candidate broke the guard at a load the comparison did not start at: the
                     # originals go back (the guard did its job), but the break says nothing about the
-                    # candidate at the starting load, where its pairs so far stay the evidence
+                    # candidate at the starting load, where its pairs so far stay the evidence (cut:
+                    # resumable when that load is back)
                     keep = before + (len(earlier.a) if earlier is not None else 0)
                     del a[keep:], b[keep:]
-                    self._emit(Phase.CONFIRM, broke + f" at another load: the comparison keeps its first {keep} "
-                                                      "pairs for its own load", kind=EventKind.GUARD)
-                    st.guard_events.append(broke)
-                    v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
-                    why = f"not decided: the load changed and the candidate broke the guard there ({broke})"
-                    verdict = Verdict(v.baseline_samples, v.candidate_samples, v.gain, v.ci_low, v.ci_high,
-                                      v.p_value, v.significant, False, why)
-                    return Compared(verdict, a, b, True, dict(ctxs[0]))
+                    cut = True
+                    broke = (f"not decided: {broke} at another load; the comparison keeps its first {keep} "
+                             "pairs for its own load")
             before = self._pairs_before_the_load_left(ctxs) if broke is None else None
             if before is not None:
                 # the load left the region the comparison started in: its later pairs would judge
@@ -811,35 +807,29 @@ class Engine:
         """Follow mode: when the last ``hold.switch_windows`` windows of a comparison are all further
         than the region radius from its first window's load (the daemon would switch there), the
         whole pairs whose two windows both saw that first load; None while the load has not left."""
-        hp = self.policy.hold
-        n = hp.switch_windows
-        first = log_context(ctxs[0]) if ctxs else {}
-        if not self.state.follow or len(ctxs) < n + 1 or not first:
+        n = self.policy.hold.switch_windows
+        far = self._far_from_first(ctxs)
+        if far is None or len(far) < n + 1 or not all(far[-n:]):
             return None
-        far = [distance(log_context(c), first) > hp.region_radius for c in ctxs]
-        if not all(far[-n:]):
-            return None
-        pairs = 0
-        while 2 * pairs + 1 < len(far) and not far[2 * pairs] and not far[2 * pairs + 1]:
-            pairs += 1
-        return pairs
+        return _whole_pairs_near(far, len(far))
 
     def _pairs_before_a_break_elsewhere(self, ctxs: Sequence[Mapping[str, float]]) -> int | None:
         """Follow mode, after the guard broke in the last pair: when a window of that pair is
         further than the region radius from the comparison's first window's load, the whole pairs
         before it whose two windows both saw that first load; None when the break was at that load."""
-        hp = self.policy.hold
+        far = self._far_from_first(ctxs)
+        if far is None or len(far) < 2:
+            return None
+        last = len(far) - (2 if len(far) % 2 == 0 else 1)   # the breaking pair's first window
+        return _whole_pairs_near(far, last) if any(far[last:]) else None
+
+    def _far_from_first(self, ctxs: Sequence[Mapping[str, float]]) -> list[bool] | None:
+        """Follow mode: per window of a comparison, whether its load is further than the region
+        radius from the first window's; None outside follow mode or without a first context."""
         first = log_context(ctxs[0]) if ctxs else {}
-        if not self.state.follow or len(ctxs) < 2 or not first:
+        if not self.state.follow or not first:
             return None
-        far = [distance(log_context(c), first) > hp.region_radius for c in ctxs]
-        last = len(far) - (2 if len(far) % 2 == 0 else 1)
-        if not any(far[last:]):
-            return None
-        pairs = 0
-        while 2 * pairs + 1 < last and not far[2 * pairs] and not far[2 * pairs + 1]:
-            pairs += 1
-        return pairs
+        return [distance(log_context(c), first) > self.policy.hold.region_radius for c in ctxs]
 
     def _confirm_pair(self, p: int, cand: dict[str, KnobValue], base: dict[str, KnobValue], a: list[float],
                       b: list[float], kind: WindowKind, ctxs: list[dict[str, float]]) -> Steps[str | None]:
@@ -1224,6 +1214,14 @@ class Engine:
 
     def _reason(self) -> str:
         return self.state.result.reason if self.state.result else ""
+
+
+def _whole_pairs_near(far: Sequence[bool], end: int) -> int:
+    """Leading whole pairs (windows 2k, 2k + 1 before ``end``) with both windows at the first load."""
+    pairs = 0
+    while 2 * pairs + 1 < end and not far[2 * pairs] and not far[2 * pairs + 1]:
+        pairs += 1
+    return pairs
 
 
 _DURING = {WindowKind.CONFIRM: "confirmation", WindowKind.CHALLENGE: "a challenge",
