@@ -50,7 +50,13 @@ the load of that window (``Scenario.expected_at``/``load_at``): ``within5_at`` {
 (share of runs within 5 % at that window), ``regret_median`` per span (J/J* - 1 of what was in
 force), ``explore_share_after_100`` (windows after 100 that were not holding), worse-than-baseline
 deployments (at the load they were made) and the share of windows in force worse than the kernel
-defaults. Methods: ``polltuned`` (contextual GP, product kernel), ``polltuned-sum``,
+defaults. Two figures separate the search from the decisions: ``measured_within5_at`` (share of
+runs that had *measured*, by that window, a configuration within 5 % of the optimum of that
+window's load — no holding or confirmation rule can do better than the search's coverage) and, per
+load, ``space_within5`` (the share of uniformly drawn configurations within 5 % of its optimum: how
+small the target is). ``--noise-scale S`` (family landscapes only, S > 0) scales the window noise (CV,
+outlier probability, CPU noise) by S: at 0.05 the windows are nearly exact, which shows what the
+search reaches when noise is not the limit. Methods: ``polltuned`` (contextual GP, product kernel), ``polltuned-sum``,
 ``polltuned-nocontext`` (the context hidden), ``random``. ``--moving`` takes the moving-load family
 (``family-moving:SEED:INDEX``) for ``--family``.
 
@@ -503,7 +509,29 @@ def _drifted(ref: Mapping[str, float], ctx: Mapping[str, float]) -> bool:
     return False
 
 
-def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int) -> dict[str, Any]:
+def scenario_with_noise(sc_path: str, scale: float) -> Scenario:
+    """The scenario; with ``scale`` != 1 a family landscape whose window noise (CV, outlier
+    probability, CPU noise) is scaled by ``scale`` (the noise-free model is unchanged)."""
+    from dataclasses import replace
+
+    from polltuned.worlds import family
+
+    sc = load_scenario(sc_path)
+    if scale == 1.0:
+        return sc
+    moving = family.parse_moving_name(sc_path)
+    plain = family.parse_name(sc_path) if moving is None else None
+    if moving is None and plain is None:
+        raise SystemExit(f"--noise-scale: {sc_path} is not a family landscape (use --family)")
+    ls: Any = family.make_moving_landscape(*moving) if moving is not None else family.make_landscape(*plain)  # type: ignore[misc]
+    n = ls.noise
+    ls = replace(ls, noise=replace(n, cv=n.cv * scale, outlier_p=min(1.0, n.outlier_p * scale),
+                                   cpu_cv=n.cpu_cv * scale))
+    return replace(sc, _measure=ls.measure)
+
+
+def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
+                noise_scale: float = 1.0) -> dict[str, Any]:
     """One run of the daemon's whole cycle for ``horizon`` windows: each round is an Engine driven
     by polltuned.engine.driver.drive; whatever the engine does not do itself (the previous release's
     engine stops after confirming) is done here as the daemon would: hold the deployment, and start a
@@ -513,7 +541,7 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int)
     from polltuned.optimiser.skopt_backend import SkoptOptimiser
 
     backend, kernel, see_ctx = HORIZON_METHODS[method]
-    sc = load_scenario(sc_path)
+    sc = scenario_with_noise(sc_path, noise_scale)
     p = pol.model_copy(update={"tuning": pol.tuning.model_copy(update={"seed": seed})})
     base = default_config(p)
     env = HorizonEnv(ScenarioEnv(p, sc, seed=seed, baseline=base), hide_context=not see_ctx)
@@ -566,9 +594,9 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int)
             "rounds": rounds, "cpu_s": cpu, "windows": min(env.t, horizon)}
 
 
-def _horizon_task(args: tuple[str, Policy, str, int, int]) -> tuple[str, str, int, dict[str, Any]]:
-    sc_path, pol, method, seed, horizon = args
-    return sc_path, method, seed, run_horizon(sc_path, pol, method, seed, horizon)
+def _horizon_task(args: tuple[str, Policy, str, int, int, float]) -> tuple[str, str, int, dict[str, Any]]:
+    sc_path, pol, method, seed, horizon, noise_scale = args
+    return sc_path, method, seed, run_horizon(sc_path, pol, method, seed, horizon, noise_scale)
 
 
 def load_optima(sc_path: str, pol: Policy, horizon: int) -> dict[str, tuple[float, float]]:
@@ -583,6 +611,17 @@ def load_optima(sc_path: str, pol: Policy, horizon: int) -> dict[str, tuple[floa
         at = _AtWindow(sc, t)
         out[label] = (J(at, pol, base), optimum(at, pol, base)[0])  # type: ignore[arg-type]
     return out
+
+
+def space_share_within(sc: Any, pol: Policy, base: dict[str, KnobValue], j_star: float, *, within: float = 0.05,
+                       n: int = 1000, seed: int = 4321) -> float:
+    """Share of ``n`` uniformly drawn configurations (deterministic) whose J is within ``within``
+    of ``j_star``: how small the target of a search is at that load."""
+    import numpy as np
+
+    space = Space.from_policy(pol)
+    cands = space.sample_uniform(np.random.default_rng(seed), n)
+    return sum(J(sc, pol, {**base, **c}) <= j_star * (1.0 + within) for c in cands) / n
 
 
 class _AtWindow:
@@ -604,21 +643,26 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
     sc = load_scenario(sc_path)
     optima = load_optima(sc_path, pol, horizon)
     labels = [sc.load_at(t) for t in range(horizon)]
-    out: dict[str, Any] = {"scenario": sc.name, "loads": {k: {"J_baseline": b, "J_star": s} for k, (b, s)
-                                                          in optima.items()},
+    base = default_config(pol)
+    first = {lab: t for t, lab in reversed(list(enumerate(labels)))}
+    out: dict[str, Any] = {"scenario": sc.name, "loads": {k: {"J_baseline": b, "J_star": s, "space_within5":
+                                                              space_share_within(_AtWindow(sc, first[k]), pol, base, s)}
+                                                          for k, (b, s) in optima.items()},
                            "changes": [t for t in range(1, horizon) if labels[t] != labels[t - 1]], "methods": {}}
     at = [w for w in HORIZON_AT if w <= horizon]
     for method, rs in runs.items():
         if not rs:
             continue
-        per: dict[str, list[Any]] = {"within5_at": [], "regret": [], "explore_after_100": [], "worse_deploy": [],
-                                     "worse_windows": [], "rounds": [], "cpu_per_window": []}
+        per: dict[str, list[Any]] = {"within5_at": [], "measured_within5_at": [], "regret": [],
+                                     "explore_after_100": [], "worse_deploy": [], "worse_windows": [], "rounds": [],
+                                     "cpu_per_window": []}
         for r in rs:
             n = len(r["in_force"])
             ex = [(J(_AtWindow(sc, t), pol, r["in_force"][t]) / optima[labels[t]][1] - 1.0) for t in range(n)]
             worse = [J(_AtWindow(sc, t), pol, r["in_force"][t]) > optima[labels[t]][0] * (1 + 1e-9) for t in range(n)]
             per["regret"].append(ex)
             per["within5_at"].append({str(w): bool(w - 1 < n and ex[w - 1] <= 0.05) for w in at})
+            per["measured_within5_at"].append(measured_within(sc, pol, r["configs"][:n], labels, optima, at))
             late = r["kinds"][100:]
             per["explore_after_100"].append(sum(1 for k in late if k not in ("hold", WindowKind.HOLD)) / len(late)
                                             if late else 0.0)
@@ -632,6 +676,7 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
         out["methods"][method] = {
             "runs": len(rs),
             "within5_at": {str(w): sum(d[str(w)] for d in per["within5_at"]) / len(rs) for w in at},
+            "measured_within5_at": {str(w): sum(d[str(w)] for d in per["measured_within5_at"]) / len(rs) for w in at},
             "explore_share_after_100": statistics.mean(per["explore_after_100"]),
             "regret_median": {f"{a}-{b}": (statistics.median(statistics.mean(x[a:b]) for x in per["regret"]
                                                             if len(x) > a) if b > a else None) for a, b in spans},
@@ -644,18 +689,34 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
     return out
 
 
+def measured_within(sc: Scenario, pol: Policy, configs: Sequence[Mapping[str, KnobValue]], labels: Sequence[str],
+                    optima: Mapping[str, tuple[float, float]], at: Sequence[int],
+                    within: float = 0.05) -> dict[str, bool]:
+    """Per checkpoint ``w``: whether a window before ``w`` measured, at the load of window ``w - 1``,
+    a configuration within ``within`` of that load's optimum (the search's coverage: the best any
+    decision rule could have deployed there)."""
+    near = [J(_AtWindow(sc, t), pol, c) <= optima[labels[t]][1] * (1.0 + within) for t, c in enumerate(configs)]
+    return {str(w): w - 1 < len(near) and any(near[t] for t in range(w) if labels[t] == labels[w - 1]) for w in at}
+
+
 def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     methods: list[str] = []
     for s in summaries:
         methods += [m for m in s["methods"] if m not in methods]
-    out: dict[str, Any] = {"scenarios": len(summaries), "methods": {}}
+    gained = [ld["space_within5"] for s in summaries for ld in s["loads"].values()
+              if ld["J_baseline"] > ld["J_star"] * (1.0 + NO_EFFECT)]
+    out: dict[str, Any] = {"scenarios": len(summaries), "methods": {},
+                           "loads_with_gain": len(gained),
+                           "space_within5_median": statistics.median(gained) if gained else None}
     for m in methods:
         per = [s["methods"][m]["per_run"] for s in summaries if m in s["methods"]]
         w5 = [d for p in per for d in p["within5_at"]]
+        m5 = [d for p in per for d in p["measured_within5_at"]]
         ex = [x for p in per for x in p["explore_after_100"]]
         out["methods"][m] = {
             "runs": len(w5),
             "within5_at": {k: sum(d[k] for d in w5) / len(w5) for k in (w5[0] if w5 else {})},
+            "measured_within5_at": {k: sum(d[k] for d in m5) / len(m5) for k in (m5[0] if m5 else {})},
             "explore_share_after_100": statistics.mean(ex) if ex else None,
             "worse_than_baseline_deployments": sum(sum(p["worse_deploy"]) for p in per),
             "worse_than_baseline_window_share": statistics.mean(x for p in per for x in p["worse_windows"]),
@@ -680,13 +741,18 @@ def horizon_table(summaries: Sequence[dict[str, Any]], agg: dict[str, Any]) -> s
                         + f" | {d['explore_share_after_100']:.1%} | {d['worse_than_baseline_deployments']} | "
                           f"{d['worse_than_baseline_window_share']:.1%} | {d['rounds_mean']:.1f} |")
             head = ""
-    rows += ["", "| method | runs | within 5 % @50 | @150 | @300 | explore after 100 | worse deploys | worse windows"
-             " | optimiser CPU s/window |", "|---|---|---|---|---|---|---|---|---|"]
+    rows += ["", "| method | runs | within 5 % @50 | @150 | @300 | measured within 5 % @50 | @150 | @300 "
+             "| explore after 100 | worse deploys | worse windows | optimiser CPU s/window |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, d in agg["methods"].items():
-        w = d["within5_at"]
+        w, mw = d["within5_at"], d["measured_within5_at"]
         rows.append(f"| {m} | {d['runs']} | {_pct(w.get('50'))} | {_pct(w.get('150'))} | {_pct(w.get('300'))} | "
+                    f"{_pct(mw.get('50'))} | {_pct(mw.get('150'))} | {_pct(mw.get('300'))} | "
                     f"{d['explore_share_after_100']:.1%} | {d['worse_than_baseline_deployments']} | "
                     f"{d['worse_than_baseline_window_share']:.1%} | {d['optimiser_cpu_per_window_s']:.3f} |")
+    if agg.get("space_within5_median") is not None:
+        rows += ["", f"{agg['loads_with_gain']} loads with more than {NO_EFFECT:.0%} available; median share of the "
+                 f"space within 5 % of a load's optimum: {agg['space_within5_median']:.2%}"]
     return "\n".join(rows)
 
 
@@ -696,7 +762,7 @@ def main_horizon(a: argparse.Namespace, pol: Policy, run_pol: Policy, paths: Seq
     if bad:
         raise SystemExit(f"--horizon: unknown method {bad[0]!r} (choose from {', '.join(HORIZON_METHODS)})")
     t0 = time.monotonic()
-    tasks = [(p, run_pol, m, s, a.horizon) for p in paths for m in methods for s in range(a.seeds)]
+    tasks = [(p, run_pol, m, s, a.horizon, a.noise_scale) for p in paths for m in methods for s in range(a.seeds)]
     results = _pool_map(_horizon_task, tasks, a.jobs)
     by: dict[str, dict[str, list[dict[str, Any]]]] = {p: {m: [] for m in methods} for p in paths}
     for p, m, _s, r in results:
@@ -709,10 +775,12 @@ def main_horizon(a: argparse.Namespace, pol: Policy, run_pol: Policy, paths: Seq
     elapsed = time.monotonic() - t0
     if a.json:
         print(json.dumps({"horizon": a.horizon, "seeds": a.seeds, "methods": methods, "elapsed_s": elapsed,
+                          "noise_scale": a.noise_scale,
                           "no_seeds": a.no_seeds, "scenarios": summaries, "aggregate": agg}, indent=1, default=str))
     else:
         print(f"tuner quality, horizon {a.horizon} windows: {len(paths)} scenarios x {a.seeds} seeds x "
-              f"{len(methods)} methods, policy seeds {'removed' if a.no_seeds else 'as given'}, {elapsed:.0f} s\n")
+              f"{len(methods)} methods, policy seeds {'removed' if a.no_seeds else 'as given'}, "
+              + (f"window noise x{a.noise_scale:g}, " if a.noise_scale != 1.0 else "") + f"{elapsed:.0f} s\n")
         print(horizon_table(summaries, agg))
     return 0
 
@@ -790,6 +858,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="run the daemon's whole cycle for N windows (methods: " + ", ".join(HORIZON_METHODS) + ")")
     ap.add_argument("--kernel-compare", type=int, default=None, metavar="W",
                     help="optimiser only, W windows: product vs sum context kernel vs no context (JSON)")
+    ap.add_argument("--noise-scale", type=float, default=1.0, metavar="S",
+                    help="with --horizon and --family: scale the landscapes' window noise by S > 0 (0.05: nearly "
+                         "exact windows; what the search reaches when noise is not the limit)")
     ap.add_argument("--moving", action="store_true",
                     help="with --family: the moving-load family (family-moving:SEED:INDEX)")
     a = ap.parse_args(argv)
@@ -807,6 +878,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--methods: unknown method {m!r} (choose from {', '.join(known)})")
     if a.horizon is not None and a.horizon < 1:
         ap.error(f"--horizon must be >= 1 (got {a.horizon})")
+    if not (math.isfinite(a.noise_scale) and a.noise_scale > 0):
+        ap.error(f"--noise-scale must be a finite number > 0 (got {a.noise_scale})")
+    if a.noise_scale != 1.0 and (a.horizon is None or a.family is None):
+        ap.error("--noise-scale works with --horizon and --family only")
     pol = load_policy(a.policy)
     run_pol = strip_seeds(pol) if a.no_seeds else pol
     if a.family is not None:

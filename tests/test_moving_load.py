@@ -139,7 +139,64 @@ def test_horizon_json_per_scenario_and_method(capsys: pytest.CaptureFixture[str]
         assert 0.0 <= d["explore_share_after_100"] <= 1.0
         assert d["worse_than_baseline_deployments"] >= 0 and d["rounds_mean"] >= 1
         assert "per_run" not in d
+        assert set(d["measured_within5_at"]) == {"50"} and 0.0 <= d["measured_within5_at"]["50"] <= 1.0
+    assert all(0.0 <= ld["space_within5"] <= 1.0 for ld in s["loads"].values())
     assert out["aggregate"]["methods"]["polltuned"]["runs"] == 1
+    assert out["noise_scale"] == 1.0 and "space_within5_median" in out["aggregate"]
+
+
+def test_measured_within_counts_only_a_near_optimal_window_at_the_checkpoint_load() -> None:
+    """The search's coverage: a checkpoint counts when an earlier window measured, at the load of
+    the checkpoint's window, a configuration within 5 % of that load's optimum; the same
+    configuration measured at another load, or after the checkpoint, does not count."""
+    bench = _bench()
+    pol = load_policy("sim-default")
+    name = "family-moving:5:0"
+    sc = load_scenario(name)
+    labels = [sc.load_at(t) for t in range(150)]
+    base = default_config(pol)
+    optima = bench.load_optima(name, pol, 150)
+    load = labels[99]
+    star = bench.optimum(bench._AtWindow(sc, 99), pol, base)[1]
+    assert bench.J(bench._AtWindow(sc, 99), pol, base) > optima[load][1] * 1.05   # the defaults are not enough
+    same = next(t for t in range(99) if labels[t] == load)
+    other = next(t for t in range(99) if labels[t] != load)
+    later = next(t for t in range(100, 150) if labels[t] == load) if load in labels[100:] else None
+
+    def runs(at: int | None) -> dict[str, bool]:
+        cfgs = [dict(base) for _ in range(150)]
+        if at is not None:
+            cfgs[at] = dict(star)
+        return bench.measured_within(sc, pol, cfgs, labels, optima, (100,))
+
+    assert runs(same) == {"100": True}
+    assert runs(other) == {"100": False}
+    assert runs(None) == {"100": False}
+    if later is not None:
+        assert runs(later) == {"100": False}
+    # a checkpoint past the windows measured is not reached
+    assert bench.measured_within(sc, pol, [dict(base)] * 50, labels, optima, (100,)) == {"100": False}
+
+
+def test_noise_scale_narrows_the_windows_and_keeps_the_model() -> None:
+    bench = _bench()
+    pol = load_policy("sim-default")
+    cfg = default_config(pol)
+    name = "family-moving:5:1"
+    plain, quiet = load_scenario(name), bench.scenario_with_noise(name, 0.05)
+    assert plain.expected(cfg) == quiet.expected(cfg)
+
+    def spread(sc) -> float:
+        rng = np.random.default_rng(3)
+        xs = [np.log(sc.measure(cfg, rng, 10)["p99_us"]) for _ in range(200)]
+        return float(np.std(xs))
+
+    assert spread(quiet) * 5 < spread(plain)
+    same = bench.scenario_with_noise(name, 1.0)   # scale 1: the landscape as it is, window for window
+    assert [same.measure(cfg, np.random.default_rng(4), t) for t in range(5)] == \
+        [plain.measure(cfg, np.random.default_rng(4), t) for t in range(5)]
+    with pytest.raises(SystemExit, match="not a family landscape"):
+        bench.scenario_with_noise("moving_load", 0.5)
 
 
 def test_horizon_run_measures_every_window_on_one_clock() -> None:
