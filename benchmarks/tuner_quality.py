@@ -514,20 +514,18 @@ def scenario_with_noise(sc_path: str, scale: float) -> Scenario:
     probability, CPU noise) is scaled by ``scale`` (the noise-free model is unchanged)."""
     from dataclasses import replace
 
-    from polltuned.worlds import family
+    from polltuned.worlds.family import Landscape, MovingLandscape
 
     sc = load_scenario(sc_path)
     if scale == 1.0:
         return sc
-    moving = family.parse_moving_name(sc_path)
-    plain = family.parse_name(sc_path) if moving is None else None
-    if moving is None and plain is None:
+    ls = getattr(sc._measure, "__self__", None)   # a family scenario measures through its landscape
+    if not isinstance(ls, (Landscape, MovingLandscape)):
         raise SystemExit(f"--noise-scale: {sc_path} is not a family landscape (use --family)")
-    ls: Any = family.make_moving_landscape(*moving) if moving is not None else family.make_landscape(*plain)  # type: ignore[misc]
     n = ls.noise
-    ls = replace(ls, noise=replace(n, cv=n.cv * scale, outlier_p=min(1.0, n.outlier_p * scale),
-                                   cpu_cv=n.cpu_cv * scale))
-    return replace(sc, _measure=ls.measure)
+    noisy = replace(ls, noise=replace(n, cv=n.cv * scale, outlier_p=min(1.0, n.outlier_p * scale),
+                                      cpu_cv=n.cpu_cv * scale))
+    return replace(sc, _measure=noisy.measure)
 
 
 def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
@@ -599,15 +597,20 @@ def _horizon_task(args: tuple[str, Policy, str, int, int, float]) -> tuple[str, 
     return sc_path, method, seed, run_horizon(sc_path, pol, method, seed, horizon, noise_scale)
 
 
+def first_windows(sc: Scenario, horizon: int) -> dict[str, int]:
+    """load label -> the first window (< horizon) at that load."""
+    first: dict[str, int] = {}
+    for t in range(horizon):
+        first.setdefault(sc.load_at(t), t)
+    return first
+
+
 def load_optima(sc_path: str, pol: Policy, horizon: int) -> dict[str, tuple[float, float]]:
     """load label -> (J of the kernel defaults, J*) at that load (J* by optimum() on expected_at)."""
     sc = load_scenario(sc_path)
     base = default_config(pol)
-    first: dict[str, int] = {}
-    for t in range(horizon):
-        first.setdefault(sc.load_at(t), t)
     out: dict[str, tuple[float, float]] = {}
-    for label, t in first.items():
+    for label, t in first_windows(sc, horizon).items():
         at = _AtWindow(sc, t)
         out[label] = (J(at, pol, base), optimum(at, pol, base)[0])  # type: ignore[arg-type]
     return out
@@ -644,7 +647,7 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
     optima = load_optima(sc_path, pol, horizon)
     labels = [sc.load_at(t) for t in range(horizon)]
     base = default_config(pol)
-    first = {lab: t for t, lab in reversed(list(enumerate(labels)))}
+    first = first_windows(sc, horizon)
     out: dict[str, Any] = {"scenario": sc.name, "loads": {k: {"J_baseline": b, "J_star": s, "space_within5":
                                                               space_share_within(_AtWindow(sc, first[k]), pol, base, s)}
                                                           for k, (b, s) in optima.items()},
