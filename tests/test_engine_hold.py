@@ -403,20 +403,70 @@ def test_a_session_without_a_baseline_searches_once_the_probe_works() -> None:
     assert e.state.hold.active is not None and busy(e.state.hold.active.config)
 
 
-def test_a_region_search_tries_the_other_regions_entries_first_and_skips_a_hopeless_confirmation() -> None:
+def test_a_region_search_tries_the_other_regions_entries_first_then_a_space_filling_design() -> None:
+    """A region's search starts with the other regions' deployed entries, then hold.region_design
+    space-filling trials over the whole space (the model alone would not try what another load
+    ruled out), then the model's proposals."""
     p = policy()
     _, e, _ = both_regions(p)
     h = e.state.hold
     assert h is not None and not h.table[0].is_originals and busy(h.table[0].config)
     tw = e.trace.windows
     start = next(i for i, (k, _) in enumerate(tw) if k is WindowKind.HOLD)
+    trials = [c for k, c in tw[start:] if k is WindowKind.TRIAL]
+    assert trials[0] == h.table[0].config, "the split entry was not the shared search's first trial"
+    design = trials[1:1 + p.hold.region_design]
+    assert len(design) == p.hold.region_design
+    keys = {e.space.key_of(c) for c in design}
+    assert len(keys) == len(design) and e.space.key_of(h.table[0].config) not in keys
+    # the design spans the space: busy polling both off and on among its trials
+    assert any(busy(c) for c in design) and not all(busy(c) for c in design), design
+
+
+def test_a_region_search_skips_a_hopeless_confirmation() -> None:
+    """shared (busypoll_shared: nothing helps there): the model predicts less than min_effect for
+    the search's pick, so the originals stay without a confirmation's windows."""
+    p = policy(region_design=0)
+    _, e, _ = both_regions(p)
+    h = e.state.hold
+    assert h is not None
+    tw = e.trace.windows
+    start = next(i for i, (k, _) in enumerate(tw) if k is WindowKind.HOLD)
     region1 = tw[start:]
-    first_trial = next(c for k, c in region1 if k is WindowKind.TRIAL)
-    assert first_trial == h.table[0].config, "the split entry was not the shared search's first trial"
-    # shared (busypoll_shared: nothing helps there): the model predicts less than min_effect for the
-    # search's pick, so the originals stay without a confirmation's windows
+    assert next(c for k, c in region1 if k is WindowKind.TRIAL) == h.table[0].config
     assert h.table[1].is_originals and "the model predicts" in h.table[1].why, h.table[1].why
     assert not any(k is WindowKind.CONFIRM for k, _ in region1), [k.value for k, _ in region1]
+
+
+def test_a_first_search_whose_load_left_confirms_its_pick_for_that_load_when_it_is_back() -> None:
+    """The first search measured split (busy polling pays) and the load moved to shared in its last
+    windows: the pick is made for split's load (not for shared, where busy polling does nothing),
+    it is not confirmed on shared, and it waits as split's pending confirmation; shared gets its
+    own search; when split is back the confirmation runs there and deploys busy polling."""
+    p = policy()
+    env = FlipEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    while e.state.windows_used < p.tuning.budget - 3:
+        run_until(e, env, 1, events)
+    env.load = "shared"
+    while e.state.hold is None:
+        run_until(e, env, 1, events)
+    h = e.state.hold
+    split = h.regions.nearest(SPLIT)[0]
+    assert WindowKind.CONFIRM not in env.kinds, "a confirmation ran on the load the search did not measure"
+    assert split in h.pending and busy(h.pending[split].config), (h.pending, [ev.message for ev in events[-5:]])
+    assert not h.pending[split].a and "left before the confirmation" in h.table[split].why
+    assert not busy(env.config)
+    until_entry(e, env, split + 1, events)     # shared: a region and a search of its own
+    assert h.regions.nearest(SHARED)[0] == split + 1
+    env.load = "split"
+    for _ in range(150):
+        run_until(e, env, 1, events)
+        if split in h.table and busy(h.table[split].config):
+            break
+    assert busy(h.table[split].config), [ev.message for ev in events[-6:]]
+    assert "resumed confirmation" in h.table[split].why
 
 
 def _compare(scenario: str, cand: Mapping[str, KnobValue], *, follow: bool, seed: int) -> tuple[int, bool]:

@@ -64,14 +64,15 @@ class Recorder:
     def set_noise(self, sd: float) -> None:
         self.inner.set_noise(sd)
 
-    def best(self) -> Recommendation | None:
-        return self.inner.best()
+    def best(self, *, context: Mapping[str, float] | None = None) -> Recommendation | None:
+        return self.inner.best(context=context)
 
-    def candidate(self) -> Recommendation | None:
-        return self.inner.candidate()
+    def candidate(self, *, context: Mapping[str, float] | None = None) -> Recommendation | None:
+        return self.inner.candidate(context=context)
 
-    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
-        return self.inner.simplify(config)
+    def simplify(self, config: Mapping[str, KnobValue], *,
+                 context: Mapping[str, float] | None = None) -> dict[str, KnobValue]:
+        return self.inner.simplify(config, context=context)
 
     @property
     def cpu_seconds(self) -> float:

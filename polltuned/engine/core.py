@@ -611,17 +611,29 @@ class Engine:
         st = self.state
         if st.stop:
             return (yield from self._stopped())
-        rec = self._pick()
+        where = self._decision_load()
+        rec = self._pick(where)
         if rec is None:
-            return (yield from self._keep_originals("no configuration is predicted to beat the baseline; kept"))
+            return (yield from self._keep_originals("no configuration is predicted to beat the baseline; kept",
+                                                    where))
         cand = {**st.baseline, **rec}
-        simple, shares = self._simplify(rec)
+        simple, shares = self._simplify(rec, where)
         if simple != cand:
             self._emit(Phase.CONFIRM, "simplified the candidate to " + _fmt(simple, st.baseline))
             cand = simple
-        too_little = self._predicted_too_little(cand)
+        too_little = self._predicted_too_little(cand, where)
         if too_little is not None:
-            return (yield from self._keep_originals(too_little))
+            return (yield from self._keep_originals(too_little, where))
+        if where is not None and self._far(st.context, where):
+            # the load the search measured has left: a confirmation now would judge the candidate on
+            # another load (and decide for the wrong region). It waits, as a cut confirmation with no
+            # pairs yet, until that load is back; the load now gets its own entry or search.
+            why = "the load the search measured left before the confirmation: the originals for now"
+            yield from self._put_back(st.baseline)
+            if st.result is None:
+                self._finish(st, None, why)
+                self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
+            return self._decided(None, None, why, pending=Pending(dict(cand), [], [], shares), load=where)
         c = yield from self._confirm(cand)
         verdict, a, b = c.verdict, c.a, c.b
         if st.stop:
@@ -638,17 +650,39 @@ class Engine:
         return self._decided(verdict if verdict.deploy else None, level, reason, config=deployed,
                              windows=len(a) + len(b), shares=shares, pending=pending, load=c.load)
 
-    def _keep_originals(self, why: str) -> Steps[Phase]:
+    def _keep_originals(self, why: str, where: Mapping[str, float] | None = None) -> Steps[Phase]:
         """The search ends without a confirmation: the originals go back (and are the session's
-        result when it has none yet) and become the entry."""
+        result when it has none yet) and become the entry (of the region at ``where``)."""
         st = self.state
         yield from self._put_back(st.baseline)
         if st.result is None:
             self._finish(st, None, why)
             self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
-        return self._decided(None, None, why)
+        return self._decided(None, None, why, load=where)
 
-    def _predicted_too_little(self, cand: Mapping[str, KnobValue]) -> str | None:
+    def _decision_load(self) -> dict[str, float] | None:
+        """Following the load: the load the search's decision is for — the context of the last
+        window in the region most of this search's windows were measured in (the later of a tie),
+        so that the pick, its simplification and the model's check are made for the load the
+        windows measured, not for whatever load the last window saw. None outside follow mode or
+        without contexts (then every step uses the last context, as a single round does)."""
+        st, hp = self.state, self.policy.hold
+        seen = [dict(o.context) for o in st.obs if o.context]
+        if not st.follow or not seen:
+            return None
+        scratch = RegionMap(hp.region_radius, hp.max_regions)
+        regions = [scratch.assign(c) for c in seen]
+        counts = Counter(regions)
+        top = max(counts.values())
+        i = next(i for i in range(len(seen) - 1, -1, -1) if counts[regions[i]] == top)
+        return seen[i]
+
+    def _far(self, a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+        """Two loads further apart than the region radius."""
+        return distance(log_context(a), log_context(b)) > self.policy.hold.region_radius
+
+    def _predicted_too_little(self, cand: Mapping[str, KnobValue],
+                              where: Mapping[str, float] | None = None) -> str | None:
         """A region's search (HOLD): its pick is the best of a few noisy windows. When the model, which
         holds every load's windows, predicts less than min_effect for it at this load, the
         confirmation could not deploy it anyway: why the originals stay without spending it; None
@@ -656,13 +690,14 @@ class Engine:
         st = self.state
         if st.hold is None or not isinstance(st.optimiser, Predicting):
             return None
-        (m, _), = st.optimiser.predict([cand], context=st.context)
+        (m, _), = st.optimiser.predict([cand], context=where if where is not None else st.context)
         if not math.isfinite(m) or m <= math.log(1.0 - self.policy.confirm.min_effect):
             return None
         return (f"the model predicts {1 - math.exp(m):+.1%} for the search's pick {_fmt(cand, st.baseline)} "
                 "at this load (< min_effect): the originals stay")
 
-    def _simplify(self, cfg: Mapping[str, KnobValue]) -> tuple[dict[str, KnobValue], tuple[tuple[str, float], ...]]:
+    def _simplify(self, cfg: Mapping[str, KnobValue], where: Mapping[str, float] | None = None
+                  ) -> tuple[dict[str, KnobValue], tuple[tuple[str, float], ...]]:
         """Deploy only what matters: the optimiser's own simplification (knobs the model is sure do
         not matter), then, with a model to ask (polltuned.optimiser.Predicting), every knob whose
         reversion to the original moves the predicted log J by less than the first look of the
@@ -670,7 +705,8 @@ class Engine:
         that follows measures the simplified configuration, so an unsure model is checked with
         windows. Returns the full configuration and each changed knob's share of the predicted gain."""
         st, space = self.state, self.space
-        cur = {**st.baseline, **st.optimiser.simplify(cfg)}
+        at = where if where is not None else st.context
+        cur = {**st.baseline, **st.optimiser.simplify(cfg, context=where)}
         if space.key_of(cur) == st.base_key:
             cur = {**st.baseline, **cfg}
         opt = st.optimiser
@@ -683,7 +719,7 @@ class Engine:
             changed = [k for k in space.keys if cur.get(k) != st.baseline.get(k)]
             if len(changed) <= 1:
                 break
-            preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=st.context)
+            preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=at)
             if not all(math.isfinite(m) for m, _ in preds):
                 break
             rise = [preds[i + 1][0] - preds[0][0] for i in range(len(changed))]
@@ -691,35 +727,38 @@ class Engine:
             if rise[j] >= tol:
                 break
             cur = {**cur, changed[j]: st.baseline[changed[j]]}
-        return cur, self._shares(opt, cur)
+        return cur, self._shares(opt, cur, at)
 
-    def _shares(self, opt: Predicting, cur: dict[str, KnobValue]) -> tuple[tuple[str, float], ...]:
-        """Each changed knob's share of the predicted gain: how much reverting it alone costs."""
+    def _shares(self, opt: Predicting, cur: dict[str, KnobValue],
+                at: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+        """Each changed knob's share of the predicted gain at load ``at``: how much reverting it alone costs."""
         st = self.state
         changed = [k for k in self.space.keys if cur.get(k) != st.baseline.get(k)]
         if not changed:
             return ()
-        preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=st.context)
+        preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=at)
         rise = [max(preds[i + 1][0] - preds[0][0], 0.0) for i in range(len(changed))]
         tot = sum(rise)
         if not math.isfinite(tot) or tot <= 0:
             return tuple((k, 1.0 / len(changed)) for k in changed)
         return tuple((k, r / tot) for k, r in zip(changed, rise))
 
-    def _pick(self) -> dict[str, KnobValue] | None:
-        """What to confirm: the optimiser's candidate (first search), or the best configuration
-        measured in this regime (a region's search: the model also holds other regions' windows).
-        None when nothing is predicted to beat the baseline by MIN_GAIN."""
+    def _pick(self, where: Mapping[str, float] | None = None) -> dict[str, KnobValue] | None:
+        """What to confirm for the load ``where`` (None: the last one seen): the optimiser's
+        candidate (first search), or the best configuration measured in this regime at that load (a
+        region's search: the model also holds other regions' windows). None when nothing is
+        predicted to beat the baseline by MIN_GAIN."""
         st = self.state
         if st.hold is None:
-            rec = st.optimiser.candidate()
+            rec = st.optimiser.candidate(context=where)
             if rec is None or self.space.key_of(rec.config) == st.base_key or rec.predicted > -MIN_GAIN:
                 return None
             return dict(rec.config)
         by: dict[str, list[float]] = {}
         cfgs: dict[str, dict[str, KnobValue]] = {}
         for o in st.obs:
-            if not o.reference and not o.aborted and not o.infeasible:
+            near = where is None or not o.context or not self._far(o.context, where)
+            if near and not o.reference and not o.aborted and not o.infeasible:
                 k = self.space.key_of(o.config)
                 by.setdefault(k, []).append(self._told(st, o))
                 cfgs[k] = dict(o.config)
@@ -727,7 +766,7 @@ class Engine:
         if best is None or best == st.base_key or sum(by[best]) / len(by[best]) > -MIN_GAIN:
             # nothing this short search measured wins: the model (which holds every load's windows)
             # may still predict a winner at this load; the confirmation then measures it
-            rec = st.optimiser.candidate(context=st.context)
+            rec = st.optimiser.candidate(context=where if where is not None else st.context)
             if rec is None or self.space.key_of(rec.config) == st.base_key or rec.predicted > -MIN_GAIN:
                 return None
             return dict(rec.config)
@@ -1120,8 +1159,15 @@ class Engine:
         h.searching = region
         # the other regions' confirmed deployments are its first trials (one window each): a load
         # next to a known one often wants the same thing, and the model learns the contrast
-        h.transfer = list({self.space.key_of(e.config): dict(e.config) for e in h.table.values()
-                           if not e.is_originals and e.region != region}.values())
+        # then a small space-filling design over the whole space: the model's view of a load it has
+        # not measured comes from the other loads, and a search that only follows it never tries
+        # what they ruled out (busy polling that hurt a shared CPU and pays on a quiet one)
+        first = {self.space.key_of(e.config): dict(e.config) for e in h.table.values()
+                 if not e.is_originals and e.region != region}
+        design = self.space.space_filling(self.policy.hold.region_design, self.policy.tuning.seed + st.index)
+        first.update({self.space.key_of(c): c for c in design
+                      if self.space.key_of(c) != st.base_key and self.space.key_of(c) not in first})
+        h.transfer = list(first.values())
         h.note(st.index, f"region {region}: a {budget}-window search")
         self._emit(Phase.BASELINE, f"load region {region} has no confirmed entry: a {budget}-window search, "
                                    "warm-started from the model")

@@ -53,7 +53,10 @@ class Optimiser(Protocol):
         """The configuration worth confirming against the baseline: the best evaluated one that
         is not the baseline (None when there is none); ``context`` as for ``best``."""
         ...
-    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]: ...
+    def simplify(self, config: Mapping[str, KnobValue], *, context: Context | None = None) -> dict[str, KnobValue]:
+        """``config`` with the knobs that do not matter put back; ``context``: at the load given (a
+        contextual backend's posterior there; others ignore it)."""
+        ...
     @property
     def cpu_seconds(self) -> float: ...
 
@@ -170,7 +173,7 @@ class HistoryBookkeeping:
     def baseline_key(self) -> str | None:
         return None
 
-    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
+    def simplify(self, config: Mapping[str, KnobValue], *, context: Context | None = None) -> dict[str, KnobValue]:
         return dict(config)
 
     @property

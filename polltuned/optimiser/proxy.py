@@ -153,8 +153,8 @@ class WorkerOptimiser:
     def candidate(self, *, context: Context | None = None) -> Recommendation | None:
         return _rec(self._call("candidate", context=_ctx(context)))
 
-    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
-        return _config(self._call("simplify", config=dict(config)))
+    def simplify(self, config: Mapping[str, KnobValue], *, context: Context | None = None) -> dict[str, KnobValue]:
+        return _config(self._call("simplify", config=dict(config), context=_ctx(context)))
 
     def predict(self, configs: Sequence[Mapping[str, KnobValue]], *,
                 context: Context | None = None) -> list[tuple[float, float]]:

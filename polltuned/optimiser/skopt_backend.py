@@ -233,7 +233,7 @@ class SkoptOptimiser(HistoryBookkeeping):
             mu, sd = model.predict(self._X([self.space.canonical(c) for c in configs], context), return_std=True)
         return [(float(m), float(d)) for m, d in zip(mu, sd)]
 
-    def simplify(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
+    def simplify(self, config: Mapping[str, KnobValue], *, context: Context | None = None) -> dict[str, KnobValue]:
         """Put back, one at a time, every knob whose change the model is confident does not
         matter: the simplified configuration's posterior mean + sd stays within ``tol`` of the
         candidate's (an unexplored simplification has a larger sd and is not taken). Fewer changed
@@ -245,7 +245,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         with self._cpu, _one_blas_thread():
             model = self._fit()
             cur = self.space.canonical(config)
-            m0, s0 = model.predict(self._X([cur]), return_std=True)
+            m0, s0 = model.predict(self._X([cur], context), return_std=True)
             limit = float(m0[0] + s0[0]) + tol
             while True:
                 trials = [self.space.canonical({**cur, k: self.baseline[k]}) for k in self.space.keys
@@ -253,7 +253,7 @@ class SkoptOptimiser(HistoryBookkeeping):
                 trials = [c for c in trials if self.space.key_of(c) != self._base_key]
                 if not trials:
                     break
-                mu, sd = model.predict(self._X(trials), return_std=True)
+                mu, sd = model.predict(self._X(trials, context), return_std=True)
                 ub = mu + sd
                 j = int(np.argmin(ub))
                 if float(ub[j]) > limit:

@@ -96,7 +96,7 @@ class Worker:
         if op == "candidate":
             return rec_to_json(o.candidate(context=a.get("context")))
         if op == "simplify":
-            return o.simplify(_cfg(a["config"]))
+            return o.simplify(_cfg(a["config"]), context=a.get("context"))
         if op == "predict":
             return [list(p) for p in o.predict([_cfg(c) for c in a["configs"]], context=a.get("context"))]
         if op == "cpu":

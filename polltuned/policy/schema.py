@@ -284,6 +284,9 @@ class Hold(_Strict):
     min_switch_interval: int = Field(4, ge=1, description="at least this many HOLD windows between two "
                                      "switches (no flapping at a region boundary)")
     region_budget: int = Field(12, ge=4, description="windows of the short search for a region never confirmed")
+    region_design: int = Field(4, ge=0, le=32, description="space-filling trials at the start of a region's "
+                               "search (after the other regions' entries): a new load is searched over the "
+                               "whole space, not only where the model learnt from the other loads")
     explore_share: float = Field(0.05, ge=0, le=0.5, description="share of HOLD windows that measure "
                                  "challengers against the active entry (interleaved pairs)")
     verify_every: int = Field(3, ge=0, description="verify the deployed knobs every N HOLD windows (kernel reset: "
