@@ -628,12 +628,9 @@ class Engine:
             # the load the search measured has left: a confirmation now would judge the candidate on
             # another load (and decide for the wrong region). It waits, as a cut confirmation with no
             # pairs yet, until that load is back; the load now gets its own entry or search.
-            why = "the load the search measured left before the confirmation: the originals for now"
-            yield from self._put_back(st.baseline)
-            if st.result is None:
-                self._finish(st, None, why)
-                self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
-            return self._decided(None, None, why, pending=Pending(dict(cand), [], [], shares), load=where)
+            return (yield from self._keep_originals(
+                "the load the search measured left before the confirmation: the originals for now", where,
+                pending=Pending(dict(cand), [], [], shares)))
         c = yield from self._confirm(cand)
         verdict, a, b = c.verdict, c.a, c.b
         if st.stop:
@@ -650,32 +647,32 @@ class Engine:
         return self._decided(verdict if verdict.deploy else None, level, reason, config=deployed,
                              windows=len(a) + len(b), shares=shares, pending=pending, load=c.load)
 
-    def _keep_originals(self, why: str, where: Mapping[str, float] | None = None) -> Steps[Phase]:
+    def _keep_originals(self, why: str, where: Mapping[str, float] | None = None, *,
+                        pending: Pending | None = None) -> Steps[Phase]:
         """The search ends without a confirmation: the originals go back (and are the session's
-        result when it has none yet) and become the entry (of the region at ``where``)."""
+        result when it has none yet) and become the entry (of the region at ``where``), with the
+        ``pending`` confirmation it left for that load, if any."""
         st = self.state
         yield from self._put_back(st.baseline)
         if st.result is None:
             self._finish(st, None, why)
             self._emit(Phase.DONE, self._reason(), kind=EventKind.KEEP)
-        return self._decided(None, None, why, load=where)
+        return self._decided(None, None, why, pending=pending, load=where)
 
     def _decision_load(self) -> dict[str, float] | None:
         """Following the load: the load the search's decision is for — the context of the last
         window in the region most of this search's windows were measured in (the later of a tie),
         so that the pick, its simplification and the model's check are made for the load the
-        windows measured, not for whatever load the last window saw. None outside follow mode or
-        without contexts (then every step uses the last context, as a single round does)."""
+        windows measured, not for whatever load the last window saw; the last context when no window
+        has one. None outside follow mode (a single round asks the optimiser at its own last context)."""
         st, hp = self.state, self.policy.hold
-        seen = [dict(o.context) for o in st.obs if o.context]
-        if not st.follow or not seen:
+        if not st.follow:
             return None
+        seen = [dict(o.context) for o in st.obs if o.context]
+        if not seen:
+            return dict(st.context)
         scratch = RegionMap(hp.region_radius, hp.max_regions)
-        regions = [scratch.assign(c) for c in seen]
-        counts = Counter(regions)
-        top = max(counts.values())
-        i = next(i for i in range(len(seen) - 1, -1, -1) if counts[regions[i]] == top)
-        return seen[i]
+        return seen[_latest_of_most_common([scratch.assign(c) for c in seen])]
 
     def _far(self, a: Mapping[str, float], b: Mapping[str, float]) -> bool:
         """Two loads further apart than the region radius."""
@@ -690,7 +687,7 @@ class Engine:
         st = self.state
         if st.hold is None or not isinstance(st.optimiser, Predicting):
             return None
-        (m, _), = st.optimiser.predict([cand], context=where if where is not None else st.context)
+        (m, _), = st.optimiser.predict([cand], context=where)
         if not math.isfinite(m) or m <= math.log(1.0 - self.policy.confirm.min_effect):
             return None
         return (f"the model predicts {1 - math.exp(m):+.1%} for the search's pick {_fmt(cand, st.baseline)} "
@@ -705,7 +702,6 @@ class Engine:
         that follows measures the simplified configuration, so an unsure model is checked with
         windows. Returns the full configuration and each changed knob's share of the predicted gain."""
         st, space = self.state, self.space
-        at = where if where is not None else st.context
         cur = {**st.baseline, **st.optimiser.simplify(cfg, context=where)}
         if space.key_of(cur) == st.base_key:
             cur = {**st.baseline, **cfg}
@@ -719,7 +715,7 @@ class Engine:
             changed = [k for k in space.keys if cur.get(k) != st.baseline.get(k)]
             if len(changed) <= 1:
                 break
-            preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=at)
+            preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=where)
             if not all(math.isfinite(m) for m, _ in preds):
                 break
             rise = [preds[i + 1][0] - preds[0][0] for i in range(len(changed))]
@@ -727,10 +723,10 @@ class Engine:
             if rise[j] >= tol:
                 break
             cur = {**cur, changed[j]: st.baseline[changed[j]]}
-        return cur, self._shares(opt, cur, at)
+        return cur, self._shares(opt, cur, where)
 
     def _shares(self, opt: Predicting, cur: dict[str, KnobValue],
-                at: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+                at: Mapping[str, float] | None) -> tuple[tuple[str, float], ...]:
         """Each changed knob's share of the predicted gain at load ``at``: how much reverting it alone costs."""
         st = self.state
         changed = [k for k in self.space.keys if cur.get(k) != st.baseline.get(k)]
@@ -766,7 +762,7 @@ class Engine:
         if best is None or best == st.base_key or sum(by[best]) / len(by[best]) > -MIN_GAIN:
             # nothing this short search measured wins: the model (which holds every load's windows)
             # may still predict a winner at this load; the confirmation then measures it
-            rec = st.optimiser.candidate(context=where if where is not None else st.context)
+            rec = st.optimiser.candidate(context=where)
             if rec is None or self.space.key_of(rec.config) == st.base_key or rec.predicted > -MIN_GAIN:
                 return None
             return dict(rec.config)
@@ -865,10 +861,9 @@ class Engine:
     def _far_from_first(self, ctxs: Sequence[Mapping[str, float]]) -> list[bool] | None:
         """Follow mode: per window of a comparison, whether its load is further than the region
         radius from the first window's; None outside follow mode or without a first context."""
-        first = log_context(ctxs[0]) if ctxs else {}
-        if not self.state.follow or not first:
+        if not self.state.follow or not ctxs or not log_context(ctxs[0]):
             return None
-        return [distance(log_context(c), first) > self.policy.hold.region_radius for c in ctxs]
+        return [self._far(c, ctxs[0]) for c in ctxs]
 
     def _confirm_pair(self, p: int, cand: dict[str, KnobValue], base: dict[str, KnobValue], a: list[float],
                       b: list[float], kind: WindowKind, ctxs: list[dict[str, float]]) -> Steps[str | None]:
@@ -956,9 +951,7 @@ class Engine:
         seen = [h.regions.assign(o.context) for o in st.obs if o.context]
         if not seen:
             return h.regions.assign(st.context)
-        counts = Counter(seen)
-        top = max(counts.values())
-        return next(r for r in reversed(seen) if counts[r] == top)
+        return seen[_latest_of_most_common(seen)]
 
     def _activate(self, entry: Entry, level: float | None) -> None:
         st = self.state
@@ -1182,7 +1175,7 @@ class Engine:
         if active is None:
             return
         cfg = st.optimiser.ask(remaining=None, context=st.context)
-        cand, shares = self._simplify(cfg)
+        cand, shares = self._simplify(cfg, st.context)
         if self.space.key_of(cand) == self.space.key_of(active.config) or self.space.key_of(cand) == st.base_key:
             h.credit -= 1.0
             return
@@ -1260,6 +1253,14 @@ class Engine:
 
     def _reason(self) -> str:
         return self.state.result.reason if self.state.result else ""
+
+
+def _latest_of_most_common(labels: Sequence[int]) -> int:
+    """The index of the last window whose label (load region) is the most common one; of a tie,
+    the label seen last."""
+    counts = Counter(labels)
+    top = max(counts.values())
+    return next(i for i in range(len(labels) - 1, -1, -1) if counts[labels[i]] == top)
 
 
 def _whole_pairs_near(far: Sequence[bool], end: int) -> int:
