@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +22,7 @@ from polltuned.metrics.context import (
     offered_rate_of,
     rate_mode_for,
     runnable_others,
+    steady_runnable_others,
     tasks_from,
 )
 from polltuned.policy.loader import load_policy
@@ -48,6 +52,58 @@ def test_runnable_others_counts_busy_peers_on_the_app_cpus_only() -> None:
                            interval_s=1.0) == 1.0
     with pytest.raises(ValueError):
         runnable_others(before, after, app_cpus=[0], is_app=lambda t: False, interval_s=0.0)
+
+
+def _inside_samples() -> list[dict[int, Task]]:
+    """Six samples 0.2 s apart inside one window: client 7 starts after the first and runs to the
+    end on CPU0; 8 passes through CPU0 in one interval only (a command starting up); 9 is busy on
+    CPU1 throughout (not an app CPU); the server (the poller) spins on CPU0."""
+    out: list[dict[int, Task]] = []
+    for k in range(6):
+        tasks = {1: _t(1, 0, 0.15 * k, "sockperf server"), 9: _t(9, 1, 0.1 * k)}
+        if k >= 1:
+            tasks[7] = _t(7, 0, 0.05 * (k - 1))
+        if k in (2, 3):
+            tasks[8] = _t(8, 0, 0.02 * k, "ip netns exec c taskset -c 0 sockperf ping-pong")
+        out.append(tasks)
+    return out
+
+
+def test_a_peer_busy_in_one_interval_of_the_window_is_not_the_load() -> None:
+    samples = _inside_samples()
+    pairs = [(a, b, 0.2) for a, b in itertools.pairwise(samples)]
+    server = app_by_command("sockperf", "server")
+    per_interval = [runnable_others(a, b, app_cpus=[0], is_app=server, interval_s=t) for a, b, t in pairs]
+    assert per_interval == [0.0, 1.0, 2.0, 1.0, 1.0]       # the largest would say 2
+    assert steady_runnable_others(pairs, app_cpus=[0], is_app=server) == 1.0
+    # not a share of the intervals: a client that runs only in the last intervals still counts
+    idle = [({1: _t(1, 0, 0.0, "sockperf server")}, {1: _t(1, 0, 0.0, "sockperf server")}, 0.2)] * 10
+    assert steady_runnable_others(idle + pairs, app_cpus=[0], is_app=server) == 1.0
+    # one interval alone is runnable_others; no interval at all is an error
+    assert steady_runnable_others(pairs[2:3], app_cpus=[0], is_app=server) == 2.0
+    with pytest.raises(ValueError):
+        steady_runnable_others([], app_cpus=[0], is_app=server)
+    with pytest.raises(ValueError):
+        steady_runnable_others(pairs, app_cpus=[0], is_app=server, min_intervals=0)
+
+    # the meter's helper thread samples inside the window and uses the same rule
+    clock = FakeClock()
+    seq = list(samples)
+    drained = threading.Event()
+
+    def tasks() -> Mapping[int, Task]:
+        if not seq:
+            drained.set()
+            raise HostError("no more samples")          # later passes fail: left out, never a pair
+        clock.advance(0.2)
+        return seq.pop(0)
+
+    m = ContextMeter(monotonic=clock.monotonic, app_cpus=[0], tasks=tasks, is_app=server, within_s=1.0,
+                     sleep=lambda s: time.sleep(0.001))
+    m.begin()
+    assert drained.wait(10)
+    out = m.end(Window(ok=True, latency={"p99": 1.0}))
+    assert out.context["runnable_others"] == 1.0
 
 
 def test_flows_and_rate_come_from_the_probe_by_mode() -> None:

@@ -125,7 +125,9 @@ def test_open_loop_rate_and_a_stall_timed_from_the_intended_send(fake_http: Fake
     doc = _http(fake_http.port, "--connections", "1", "--duration", "0.5", "--rate", "1000", "--arrivals",
                 "uniform")
     assert doc["mode"] == "open" and doc["requests"] == 500 and doc["unanswered"] == 0
-    assert doc["achieved_rps"] == pytest.approx(1000, rel=0.02)
+    # replies per second inside the window: a hiccup of the fake server (a thread of this test process)
+    # at the window's edge moves a few replies across it; a client off the rate is off by far more
+    assert doc["achieved_rps"] == pytest.approx(1000, rel=0.05)
     lat, svc = doc["latency_us"], doc["service_latency_us"]
     assert isinstance(lat, dict) and isinstance(svc, dict)
     assert lat["p99"] > 30_000 and svc["p99"] < 10_000      # one keep-alive connection, no pipelining

@@ -161,8 +161,11 @@ def test_open_loop_sends_the_rate_it_is_asked(fake_kv: Fake, capsys: pytest.Capt
               "--connections", "2", capsys=capsys)
     assert doc["mode"] == "open" and doc["offered"] == 1000 and doc["requests"] == 1000
     assert doc["unanswered"] == 0 and doc["misses"] == 0
-    assert doc["achieved_rps"] == pytest.approx(2000, rel=0.02)
-    assert doc["sent_rps"] == pytest.approx(2000, rel=0.02)
+    # the rates over the 0.5 s window: a hiccup of the fake server (a thread of this test process)
+    # just before the window opens moves up to ~25 ms of warm-up replies into it (CI saw 2072/s);
+    # a client that ignored the rate would be off by far more than 5 %
+    assert doc["achieved_rps"] == pytest.approx(2000, rel=0.05)
+    assert doc["sent_rps"] == pytest.approx(2000, rel=0.05)
     assert len(fake_kv.gets) == 1200                       # warm-up requests went out too, unmeasured
     h = LatencyHistogram.decode(doc["histogram"]["encoded"])  # type: ignore[index]
     assert h.count == 1000

@@ -37,10 +37,13 @@ Primary
     the descendants of the bench), because on a shared machine other users' jobs come and go on
     the same CPUs (they are the bench's "foreign CPU" column instead). A probe that starts its
     clients per window (sockperf) needs the passes *inside* the window (``within_s``: a helper
-    thread samples every fifth of it until the window ends; the count is the largest over
-    consecutive samples), or the clients are gone. The poller itself is excluded because busy
-    polling makes it a runnable spinning task (/proc/stat ``procs_running`` and schedstat
-    run-queue wait move with the knobs for exactly that reason, so neither is used).
+    thread samples every fifth of it until the window ends; a peer counts when it was busy on
+    the app's CPUs in at least two of the intervals between consecutive samples), or the clients
+    are gone. (The largest count of any one interval, used before, once counted a passing process:
+    1 peer in one busy_read=50 window of the one-session layout in CI, 0 in every other.) The
+    poller itself is excluded because busy polling makes it a runnable spinning task (/proc/stat
+    ``procs_running`` and schedstat run-queue wait move with the knobs for exactly that reason,
+    so neither is used).
 
 Secondary (``Window.extra``, never the model's input)
 -----------------------------------------------------
@@ -59,6 +62,7 @@ import itertools
 import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -119,23 +123,51 @@ def tasks_from(raw: Mapping[int, tuple[int, str, float, str]]) -> dict[int, Task
     return {pid: Task(pid, cpu, state, cpu_s, cmd) for pid, (cpu, state, cpu_s, cmd) in raw.items()}
 
 
-def runnable_others(before: Mapping[int, Task], after: Mapping[int, Task], *, app_cpus: Sequence[int],
-                    is_app: Callable[[Task], bool], interval_s: float, min_share: float = 0.05) -> float:
-    """Processes other than the application's that ended the window on one of ``app_cpus`` and used
-    at least ``min_share`` of a core over it (present at both ends; pid reuse is not guarded: a new
-    process with a reused pid and less CPU time than the old one is skipped)."""
+def busy_peers(before: Mapping[int, Task], after: Mapping[int, Task], *, app_cpus: Sequence[int],
+               is_app: Callable[[Task], bool], interval_s: float, min_share: float = 0.05) -> set[int]:
+    """The pids of processes other than the application's that ended the interval on one of
+    ``app_cpus`` and used at least ``min_share`` of a core over it (present at both ends; pid reuse
+    is not guarded: a new process with a reused pid and less CPU time than the old one is skipped)."""
     if interval_s <= 0:
         raise ValueError(f"runnable_others: interval must be > 0 (got {interval_s})")
     cpus = set(app_cpus)
-    n = 0
+    out: set[int] = set()
     for pid, t1 in after.items():
         t0 = before.get(pid)
         if t0 is None or t1.cpu not in cpus or is_app(t1):
             continue
         d = t1.cpu_s - t0.cpu_s
         if d >= 0 and d / interval_s >= min_share:
-            n += 1
-    return float(n)
+            out.add(pid)
+    return out
+
+
+def runnable_others(before: Mapping[int, Task], after: Mapping[int, Task], *, app_cpus: Sequence[int],
+                    is_app: Callable[[Task], bool], interval_s: float, min_share: float = 0.05) -> float:
+    """How many busy peers one interval saw (``busy_peers``)."""
+    return float(len(busy_peers(before, after, app_cpus=app_cpus, is_app=is_app, interval_s=interval_s,
+                                min_share=min_share)))
+
+
+def steady_runnable_others(pairs: Sequence[tuple[Mapping[int, Task], Mapping[int, Task], float]], *,
+                           app_cpus: Sequence[int], is_app: Callable[[Task], bool], min_intervals: int = 2,
+                           min_share: float = 0.05) -> float:
+    """Over consecutive samples inside one window: the peers that were busy on the app's CPUs in at
+    least ``min_intervals`` of the intervals (all of them when there are fewer). A peer busy in one
+    interval (a command starting up, a client's ``ip netns exec`` before its ``taskset``, a job
+    passing through) is not the load; the window's clients run through the probe's whole window,
+    which the sampling thread cuts into fifths. Not a share of the intervals: the probe may spend
+    most of a measurement before its clients start (the bench's four-session layout: clients in
+    the last 4 of 15)."""
+    if not pairs:
+        raise ValueError("runnable_others: no sample pairs")
+    if min_intervals < 1:
+        raise ValueError(f"runnable_others: min_intervals must be >= 1 (got {min_intervals})")
+    hits: Counter[int] = Counter()
+    for a, b, span in pairs:
+        hits.update(busy_peers(a, b, app_cpus=app_cpus, is_app=is_app, interval_s=span, min_share=min_share))
+    need = min(min_intervals, len(pairs))
+    return float(sum(1 for n in hits.values() if n >= need))
 
 
 def flows_of(w: Window, sockets: int | None = None) -> float | None:
@@ -294,8 +326,7 @@ class ContextMeter:
         pairs = self._task_pairs(dt) if self.app_cpus is not None and self.tasks is not None else []
         if pairs and self.app_cpus is not None:
             cpus = self.app_cpus
-            ctx["runnable_others"] = max(runnable_others(a, b, app_cpus=cpus, is_app=self.is_app, interval_s=span)
-                                         for a, b, span in pairs)
+            ctx["runnable_others"] = steady_runnable_others(pairs, app_cpus=cpus, is_app=self.is_app)
         return replace(w, context={**w.context, **ctx}, extra=extra)
 
 
