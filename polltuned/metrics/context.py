@@ -156,9 +156,9 @@ def steady_runnable_others(pairs: Sequence[tuple[Mapping[int, Task], Mapping[int
     least ``min_intervals`` of the intervals (all of them when there are fewer). A peer busy in one
     interval (a command starting up, a client's ``ip netns exec`` before its ``taskset``, a job
     passing through) is not the load; the window's clients run through the probe's whole window,
-    which the sampling thread cuts into fifths. Not a share of the intervals: the probe may spend
-    most of a measurement before its clients start (the bench's four-session layout: clients in
-    the last 4 of 15)."""
+    which the sampling thread cuts into fifths. Not a share of the intervals: a client may sit
+    idle for most of a measurement (sockperf sleeps 2 s after its warm-up messages, so the bench's
+    clients are busy in the last 4 of its 15 intervals)."""
     if not pairs:
         raise ValueError("runnable_others: no sample pairs")
     if min_intervals < 1:
