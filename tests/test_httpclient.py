@@ -125,9 +125,11 @@ def test_open_loop_rate_and_a_stall_timed_from_the_intended_send(fake_http: Fake
     doc = _http(fake_http.port, "--connections", "1", "--duration", "0.5", "--rate", "1000", "--arrivals",
                 "uniform")
     assert doc["mode"] == "open" and doc["requests"] == 500 and doc["unanswered"] == 0
-    # replies per second inside the window: a hiccup of the fake server (a thread of this test process)
-    # at the window's edge moves a few replies across it; a client off the rate is off by far more
-    assert doc["achieved_rps"] == pytest.approx(1000, rel=0.05)
+    # replies per second inside the 0.5 s window: the 60 ms stall on one connection without pipelining
+    # pushes ~60 replies back, and how many still land inside the window depends on how fast the client
+    # catches up (none: 880/s; CI saw 922/s); a client off the rate (closed loop, or half of it) is not
+    # in this band
+    assert 850 <= doc["achieved_rps"] <= 1050  # type: ignore[operator]
     lat, svc = doc["latency_us"], doc["service_latency_us"]
     assert isinstance(lat, dict) and isinstance(svc, dict)
     assert lat["p99"] > 30_000 and svc["p99"] < 10_000      # one keep-alive connection, no pipelining
