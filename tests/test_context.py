@@ -18,10 +18,10 @@ from polltuned.metrics.context import (
     ContextMeter,
     Task,
     app_by_command,
+    busy_peers,
     flows_of,
     offered_rate_of,
     rate_mode_for,
-    runnable_others,
     steady_runnable_others,
     tasks_from,
 )
@@ -44,14 +44,14 @@ def test_runnable_others_counts_busy_peers_on_the_app_cpus_only() -> None:
              4: _t(4, 0, 0.01),                      # 1 % of a core: not runnable enough
              5: _t(5, 0, 1.0),                       # cpu time went down: pid reused, skipped
              6: _t(6, 0, 0.5)}                       # not there at the start
-    n = runnable_others(before, after, app_cpus=[0], is_app=app_by_command("sockperf", "server"), interval_s=1.0)
-    assert n == 1.0
+    n = busy_peers(before, after, app_cpus=[0], is_app=app_by_command("sockperf", "server"), interval_s=1.0)
+    assert n == {2}
     # a spinning poller takes CPU from the peer: its share falls but it is still counted once
     squeezed = {**after, 2: _t(2, 0, 0.08)}
-    assert runnable_others(before, squeezed, app_cpus=[0], is_app=app_by_command("sockperf", "server"),
-                           interval_s=1.0) == 1.0
+    assert busy_peers(before, squeezed, app_cpus=[0], is_app=app_by_command("sockperf", "server"),
+                      interval_s=1.0) == {2}
     with pytest.raises(ValueError):
-        runnable_others(before, after, app_cpus=[0], is_app=lambda t: False, interval_s=0.0)
+        busy_peers(before, after, app_cpus=[0], is_app=lambda t: False, interval_s=0.0)
 
 
 def _inside_samples() -> list[dict[int, Task]]:
@@ -73,13 +73,13 @@ def test_a_peer_busy_in_one_interval_of_the_window_is_not_the_load() -> None:
     samples = _inside_samples()
     pairs = [(a, b, 0.2) for a, b in itertools.pairwise(samples)]
     server = app_by_command("sockperf", "server")
-    per_interval = [runnable_others(a, b, app_cpus=[0], is_app=server, interval_s=t) for a, b, t in pairs]
-    assert per_interval == [0.0, 1.0, 2.0, 1.0, 1.0]       # the largest would say 2
+    per_interval = [busy_peers(a, b, app_cpus=[0], is_app=server, interval_s=t) for a, b, t in pairs]
+    assert per_interval == [set(), {7}, {7, 8}, {7}, {7}]   # the largest count would say 2
     assert steady_runnable_others(pairs, app_cpus=[0], is_app=server) == 1.0
     # not a share of the intervals: a client that runs only in the last intervals still counts
     idle = [({1: _t(1, 0, 0.0, "sockperf server")}, {1: _t(1, 0, 0.0, "sockperf server")}, 0.2)] * 10
     assert steady_runnable_others(idle + pairs, app_cpus=[0], is_app=server) == 1.0
-    # one interval alone is runnable_others; no interval at all is an error
+    # one interval alone is busy_peers' count; no interval at all is an error
     assert steady_runnable_others(pairs[2:3], app_cpus=[0], is_app=server) == 2.0
     with pytest.raises(ValueError):
         steady_runnable_others([], app_cpus=[0], is_app=server)

@@ -39,9 +39,7 @@ Primary
     clients per window (sockperf) needs the passes *inside* the window (``within_s``: a helper
     thread samples every fifth of it until the window ends; a peer counts when it was busy on
     the app's CPUs in at least two of the intervals between consecutive samples), or the clients
-    are gone. (The largest count of any one interval, used before, once counted a passing process:
-    1 peer in one busy_read=50 window of the one-session layout in CI, 0 in every other.) The
-    poller itself is excluded because busy polling makes it a runnable spinning task (/proc/stat
+    are gone. The poller itself is excluded because busy polling makes it a runnable spinning task (/proc/stat
     ``procs_running`` and schedstat run-queue wait move with the knobs for exactly that reason,
     so neither is used).
 
@@ -129,7 +127,7 @@ def busy_peers(before: Mapping[int, Task], after: Mapping[int, Task], *, app_cpu
     ``app_cpus`` and used at least ``min_share`` of a core over it (present at both ends; pid reuse
     is not guarded: a new process with a reused pid and less CPU time than the old one is skipped)."""
     if interval_s <= 0:
-        raise ValueError(f"runnable_others: interval must be > 0 (got {interval_s})")
+        raise ValueError(f"busy_peers: interval must be > 0 (got {interval_s})")
     cpus = set(app_cpus)
     out: set[int] = set()
     for pid, t1 in after.items():
@@ -142,20 +140,13 @@ def busy_peers(before: Mapping[int, Task], after: Mapping[int, Task], *, app_cpu
     return out
 
 
-def runnable_others(before: Mapping[int, Task], after: Mapping[int, Task], *, app_cpus: Sequence[int],
-                    is_app: Callable[[Task], bool], interval_s: float, min_share: float = 0.05) -> float:
-    """How many busy peers one interval saw (``busy_peers``)."""
-    return float(len(busy_peers(before, after, app_cpus=app_cpus, is_app=is_app, interval_s=interval_s,
-                                min_share=min_share)))
-
-
 def steady_runnable_others(pairs: Sequence[tuple[Mapping[int, Task], Mapping[int, Task], float]], *,
                            app_cpus: Sequence[int], is_app: Callable[[Task], bool], min_intervals: int = 2,
                            min_share: float = 0.05) -> float:
     """Over consecutive samples inside one window: the peers that were busy on the app's CPUs in at
-    least ``min_intervals`` of the intervals (all of them when there are fewer). A peer busy in one
-    interval (a command starting up, a client's ``ip netns exec`` before its ``taskset``, a job
-    passing through) is not the load; the window's clients run through the probe's whole window,
+    least ``min_intervals`` of the intervals (all of them when there are fewer; one interval:
+    ``busy_peers``' count). A peer busy in one interval (a command starting up, a job passing
+    through) is not the load; the window's clients run through the probe's whole window,
     which the sampling thread cuts into fifths. Not a share of the intervals: a client may sit
     idle for most of a measurement (sockperf sleeps 2 s after its warm-up messages, so the bench's
     clients are busy in the last 4 of its 15 intervals)."""
