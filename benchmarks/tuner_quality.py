@@ -43,22 +43,27 @@ Usage:
   benchmarks/tuner_quality.py --family N --moving --kernel-compare W   # product vs sum vs no context
 
 ``--horizon N`` runs the daemon's whole cycle for N windows per run (``run_horizon``: engine rounds
-through ``polltuned.engine.driver.drive`` on one window clock; where the engine stops after a round,
-the deployment is held and today's drift rule — a context signal > 30 % away for 3 windows — starts
-a re-tune from it) and scores the configuration *in force* at every window against the optimum of
-the load of that window (``Scenario.expected_at``/``load_at``): ``within5_at`` {"50","150","300"}
-(share of runs within 5 % at that window), ``regret_median`` per span (J/J* - 1 of what was in
-force), ``explore_share_after_100`` (windows after 100 that were not holding), worse-than-baseline
-deployments (at the load they were made) and the share of windows in force worse than the kernel
-defaults. Two figures separate the search from the decisions: ``measured_within5_at`` (share of
-runs that had *measured*, by that window, a configuration within 5 % of the optimum of that
-window's load — no holding or confirmation rule can do better than the search's coverage) and, per
-load, ``space_within5`` (the share of uniformly drawn configurations within 5 % of its optimum: how
-small the target is). ``--noise-scale S`` (family landscapes only, S > 0) scales the window noise (CV,
-outlier probability, CPU noise) by S: at 0.05 the windows are nearly exact, which shows what the
-search reaches when noise is not the limit. Methods: ``polltuned`` (contextual GP, product kernel), ``polltuned-sum``,
-``polltuned-nocontext`` (the context hidden), ``random``. ``--moving`` takes the moving-load family
-(``family-moving:SEED:INDEX``) for ``--family``.
+through ``polltuned.engine.driver.drive`` on one window clock; where the engine stops after a round, the
+deployment is held and today's drift rule — a context signal > 30 % away for 3 windows — starts a
+re-tune from it) and scores the configuration *in force* at every window against the optimum of the load
+of that window (``Scenario.expected_at``/``load_at``): ``within5_at`` {"50","150","300"} (share of runs
+within 5 % at that window), ``regret_median`` per span (J/J* - 1 of what was in force),
+``explore_share_after_100`` (windows after 100 that were not holding), worse-than-baseline deployments
+(at the load they were made) and the share of windows in force worse than the kernel defaults. The same
+checkpoints also give ``within10_at`` and ``within20_at`` (J within 10 / 20 % of the optimum of the
+load), ``captured_at`` (for runs whose checkpoint load has more than NO_EFFECT to gain: the share of
+that gain the configuration in force realises, (J_defaults - J) / (J_defaults - J*); median, mean, share
+of runs at >= 80 %), and ``severe_window_share``: the share of windows whose *measured* configuration
+(exploration included, unlike "in force") had more than SEVERE (2x) the defaults' J at that load — the
+stalls users feel while the daemon searches. Two figures separate the search from the decisions:
+``measured_within5_at`` (share of runs that had *measured*, by that window, a configuration within 5 %
+of the optimum of that window's load — no holding or confirmation rule can do better than the search's
+coverage) and, per load, ``space_within5`` (the share of uniformly drawn configurations within 5 % of
+its optimum: how small the target is). ``--noise-scale S`` (family landscapes only, S > 0) scales the
+window noise (CV, outlier probability, CPU noise) by S: at 0.05 the windows are nearly exact, which
+shows what the search reaches when noise is not the limit. Methods: ``polltuned`` (contextual GP,
+product kernel), ``polltuned-sum``, ``polltuned-nocontext`` (the context hidden), ``random``.
+``--moving`` takes the moving-load family (``family-moving:SEED:INDEX``) for ``--family``.
 
 ``--family N`` runs landscapes 0..N-1 of the random scenario family S (polltuned.worlds.family,
 default S = 1) instead of scenario files; the per-landscape table is then printed only with
@@ -106,6 +111,7 @@ METHODS = {"polltuned": "skopt", "random": "random", "grid": "grid", "static": N
 STATIC = {"net.core.busy_read": 50, "net.core.busy_poll": 50}
 CHECKPOINTS = (10, 20)
 NO_EFFECT = 0.05   # a scenario whose best gain is below this (the policy's min_effect) has "no effect"
+SEVERE = 2.0       # a window measured at more than this x the defaults' J at its load: a stall users feel
 BIG_EFFECT = 0.10  # the within-5 % target is checked on landscapes with at least this much gain
 
 
@@ -656,15 +662,22 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
     for method, rs in runs.items():
         if not rs:
             continue
-        per: dict[str, list[Any]] = {"within5_at": [], "measured_within5_at": [], "regret": [],
-                                     "explore_after_100": [], "worse_deploy": [], "worse_windows": [], "rounds": [],
+        per: dict[str, list[Any]] = {"within5_at": [], "within10_at": [], "within20_at": [], "captured_at": [],
+                                     "measured_within5_at": [], "regret": [], "explore_after_100": [],
+                                     "worse_deploy": [], "worse_windows": [], "severe_windows": [], "rounds": [],
                                      "cpu_per_window": []}
         for r in rs:
             n = len(r["in_force"])
-            ex = [(J(_AtWindow(sc, t), pol, r["in_force"][t]) / optima[labels[t]][1] - 1.0) for t in range(n)]
-            worse = [J(_AtWindow(sc, t), pol, r["in_force"][t]) > optima[labels[t]][0] * (1 + 1e-9) for t in range(n)]
+            jf = [J(_AtWindow(sc, t), pol, r["in_force"][t]) for t in range(n)]
+            ex = [jf[t] / optima[labels[t]][1] - 1.0 for t in range(n)]
+            worse = [jf[t] > optima[labels[t]][0] * (1 + 1e-9) for t in range(n)]
             per["regret"].append(ex)
-            per["within5_at"].append({str(w): bool(w - 1 < n and ex[w - 1] <= 0.05) for w in at})
+            for pct in (5, 10, 20):
+                per[f"within{pct}_at"].append({str(w): bool(w - 1 < n and ex[w - 1] <= pct / 100) for w in at})
+            per["captured_at"].append({str(w): gain_captured(optima[labels[w - 1]], jf[w - 1])
+                                       for w in at if w - 1 < n})
+            per["severe_windows"].append(sum(J(_AtWindow(sc, t), pol, c) > SEVERE * optima[labels[t]][0]
+                                             for t, c in enumerate(r["configs"][:n])) / max(1, n))
             per["measured_within5_at"].append(measured_within(sc, pol, r["configs"][:n], labels, optima, at))
             late = r["kinds"][100:]
             per["explore_after_100"].append(sum(1 for k in late if k not in ("hold", WindowKind.HOLD)) / len(late)
@@ -679,12 +692,15 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
         out["methods"][method] = {
             "runs": len(rs),
             "within5_at": {str(w): sum(d[str(w)] for d in per["within5_at"]) / len(rs) for w in at},
+            "within10_at": {str(w): sum(d[str(w)] for d in per["within10_at"]) / len(rs) for w in at},
+            "within20_at": {str(w): sum(d[str(w)] for d in per["within20_at"]) / len(rs) for w in at},
             "measured_within5_at": {str(w): sum(d[str(w)] for d in per["measured_within5_at"]) / len(rs) for w in at},
             "explore_share_after_100": statistics.mean(per["explore_after_100"]),
             "regret_median": {f"{a}-{b}": (statistics.median(statistics.mean(x[a:b]) for x in per["regret"]
                                                             if len(x) > a) if b > a else None) for a, b in spans},
             "worse_than_baseline_deployments": sum(per["worse_deploy"]),
             "worse_than_baseline_window_share": statistics.mean(per["worse_windows"]),
+            "severe_window_share": statistics.mean(per["severe_windows"]),
             "rounds_mean": statistics.mean(per["rounds"]),
             "optimiser_cpu_per_window_s": statistics.median(per["cpu_per_window"]),
             "per_run": per,
@@ -702,6 +718,30 @@ def measured_within(sc: Scenario, pol: Policy, configs: Sequence[Mapping[str, Kn
     return {str(w): w - 1 < len(near) and any(near[t] for t in range(w) if labels[t] == labels[w - 1]) for w in at}
 
 
+def gain_captured(load: tuple[float, float], j: float) -> float | None:
+    """The share of a load's available gain that J ``j`` realises: (J_defaults - j) / (J_defaults -
+    J*) for a load ``(J_defaults, J*)`` with more than NO_EFFECT available (1 at the optimum, 0 on
+    the defaults, negative when worse than them); None for a load where nothing is to be had."""
+    jb, js = load
+    if jb <= js * (1.0 + NO_EFFECT):
+        return None
+    return (jb - j) / (jb - js)
+
+
+def _shares(flags: Sequence[Mapping[str, bool]]) -> dict[str, float]:
+    return {k: sum(d[k] for d in flags) / len(flags) for k in (flags[0] if flags else {})}
+
+
+def _captured(xs: Sequence[float | None]) -> dict[str, float | int | None]:
+    """Median and mean of the gain captured over the runs whose checkpoint load had a gain, the
+    share of them that captured at least 80 % of it, and how many runs that is."""
+    v = [x for x in xs if x is not None]
+    if not v:
+        return {"runs": 0, "median": None, "mean": None, "ge80": None}
+    return {"runs": len(v), "median": statistics.median(v), "mean": statistics.mean(v),
+            "ge80": sum(x >= 0.8 for x in v) / len(v)}
+
+
 def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     methods: list[str] = []
     for s in summaries:
@@ -715,14 +755,19 @@ def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         per = [s["methods"][m]["per_run"] for s in summaries if m in s["methods"]]
         w5 = [d for p in per for d in p["within5_at"]]
         m5 = [d for p in per for d in p["measured_within5_at"]]
+        cap = [d for p in per for d in p["captured_at"]]
         ex = [x for p in per for x in p["explore_after_100"]]
         out["methods"][m] = {
             "runs": len(w5),
             "within5_at": {k: sum(d[k] for d in w5) / len(w5) for k in (w5[0] if w5 else {})},
+            **{f"within{pct}_at": _shares([d for p in per for d in p[f"within{pct}_at"]]) for pct in (10, 20)},
+            "captured_at": {k: _captured([d.get(k) for d in cap]) for k in (w5[0] if w5 else {})},
             "measured_within5_at": {k: sum(d[k] for d in m5) / len(m5) for k in (m5[0] if m5 else {})},
             "explore_share_after_100": statistics.mean(ex) if ex else None,
             "worse_than_baseline_deployments": sum(sum(p["worse_deploy"]) for p in per),
             "worse_than_baseline_window_share": statistics.mean(x for p in per for x in p["worse_windows"]),
+            "severe_window_share": statistics.mean(x for p in per for x in p["severe_windows"]),
+            "severe_window_share_worst_run": max(x for p in per for x in p["severe_windows"]),
             "optimiser_cpu_per_window_s": statistics.median(x for p in per for x in p["cpu_per_window"]),
         }
     return out
@@ -753,6 +798,16 @@ def horizon_table(summaries: Sequence[dict[str, Any]], agg: dict[str, Any]) -> s
                     f"{_pct(mw.get('50'))} | {_pct(mw.get('150'))} | {_pct(mw.get('300'))} | "
                     f"{d['explore_share_after_100']:.1%} | {d['worse_than_baseline_deployments']} | "
                     f"{d['worse_than_baseline_window_share']:.1%} | {d['optimiser_cpu_per_window_s']:.3f} |")
+    rows += ["", "| method | within 10 % @50 | @150 | @300 | within 20 % @50 | @150 | @300 | gain captured @150: median"
+             " (>= 80 %) | @300: median (>= 80 %) | windows measured > 2x the defaults (worst run) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for m, d in agg["methods"].items():
+        w10, w20, cap = d["within10_at"], d["within20_at"], d["captured_at"]
+        cells = [_pct(w10.get(k)) for k in ("50", "150", "300")] + [_pct(w20.get(k)) for k in ("50", "150", "300")]
+        cells += [f"{_pct(c.get('median'))} ({_pct(c.get('ge80'))})" if c else "-"
+                  for c in (cap.get("150"), cap.get("300"))]
+        cells.append(f"{d['severe_window_share']:.1%} ({d['severe_window_share_worst_run']:.1%})")
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
     if agg.get("space_within5_median") is not None:
         rows += ["", f"{agg['loads_with_gain']} loads with more than {NO_EFFECT:.0%} available; median share of the "
                  f"space within 5 % of a load's optimum: {agg['space_within5_median']:.2%}"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from polltuned.errors import UsageError
+from polltuned.optimiser.space import Space
 from polltuned.policy.loader import load_policy
 from polltuned.worlds.env import ScenarioEnv, default_config
 from polltuned.worlds.family import make_landscape, make_moving_landscape, parse_moving_name
@@ -140,6 +141,14 @@ def test_horizon_json_per_scenario_and_method(capsys: pytest.CaptureFixture[str]
         assert d["worse_than_baseline_deployments"] >= 0 and d["rounds_mean"] >= 1
         assert "per_run" not in d
         assert set(d["measured_within5_at"]) == {"50"} and 0.0 <= d["measured_within5_at"]["50"] <= 1.0
+        # within 5 % implies within 10 % implies within 20 % (the same runs, wider bands)
+        assert d["within5_at"]["50"] <= d["within10_at"]["50"] <= d["within20_at"]["50"]
+        assert 0.0 <= d["severe_window_share"] <= 1.0
+    agg = out["aggregate"]["methods"]["polltuned"]
+    assert set(agg["captured_at"]) == {"50"} and set(agg["within20_at"]) == {"50"}
+    cap = agg["captured_at"]["50"]
+    assert cap["runs"] in (0, 1) and (cap["median"] is None) == (cap["runs"] == 0)
+    assert agg["severe_window_share"] <= agg["severe_window_share_worst_run"]
     assert all(0.0 <= ld["space_within5"] <= 1.0 for ld in s["loads"].values())
     assert out["aggregate"]["methods"]["polltuned"]["runs"] == 1
     assert out["noise_scale"] == 1.0 and "space_within5_median" in out["aggregate"]
@@ -213,3 +222,37 @@ def test_horizon_run_measures_every_window_on_one_clock() -> None:
     assert any(k != "hold" for k in r["kinds"][70:90]), r["kinds"][60:90]
     assert "hold" in r["kinds"]
     assert bench._drifted({"flows": 1.0}, {"flows": 4.0}) and not bench._drifted({"flows": 4.0}, {"flows": 4.2})
+
+
+def test_gain_captured_and_severe_windows_count_what_users_feel() -> None:
+    """captured: 1 at the optimum, 0 on the defaults, negative when worse, None where nothing is to
+    be had. severe: a window whose *measured* configuration has more than 2x the defaults' J counts,
+    even when the configuration in force (what HOLD would keep) is the defaults."""
+    bench = _bench()
+    assert bench.gain_captured((200.0, 100.0), 100.0) == 1.0
+    assert bench.gain_captured((200.0, 100.0), 200.0) == 0.0
+    assert bench.gain_captured((200.0, 100.0), 150.0) == 0.5
+    assert bench.gain_captured((200.0, 100.0), 300.0) == -1.0
+    assert bench.gain_captured((102.0, 100.0), 100.0) is None      # under NO_EFFECT: nothing to capture
+
+    pol = load_policy("sim-default")
+    name = "family-moving:5:0"
+    sc = load_scenario(name)
+    base = default_config(pol)
+    n = 60
+    labels = [sc.load_at(t) for t in range(n)]
+    optima = bench.load_optima(name, pol, n)
+    # a configuration more than 2x the defaults' J at window 10's load (busy polling where it hurts)
+    space = Space.from_policy(pol)
+    at10 = bench._AtWindow(sc, 10)
+    bad = next(({**base, **c} for c in space.sample_uniform(np.random.default_rng(0), 2000)
+                if bench.J(at10, pol, {**base, **c}) > 2.5 * optima[labels[10]][0]), None)
+    assert bad is not None
+    configs = [dict(base) for _ in range(n)]
+    configs[10] = bad
+    run = {"kinds": ["hold"] * n, "configs": configs, "in_force": [dict(base)] * n, "deployments": [],
+           "rounds": 1, "cpu_s": 0.0, "windows": n}
+    s = bench.summarise_horizon(name, pol, {"polltuned": [run]}, n)["methods"]["polltuned"]
+    assert s["severe_window_share"] == pytest.approx(1 / n)
+    assert s["worse_than_baseline_window_share"] == 0.0          # in force: the defaults throughout
+    assert s["within20_at"]["50"] >= s["within5_at"]["50"]
