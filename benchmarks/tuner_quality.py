@@ -663,6 +663,7 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
         if not rs:
             continue
         per: dict[str, list[Any]] = {"within5_at": [], "within10_at": [], "within20_at": [], "captured_at": [],
+                                     "available_at": [],
                                      "measured_within5_at": [], "regret": [], "explore_after_100": [],
                                      "worse_deploy": [], "worse_windows": [], "severe_windows": [], "rounds": [],
                                      "cpu_per_window": []}
@@ -676,6 +677,8 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
                 per[f"within{pct}_at"].append({str(w): bool(w - 1 < n and ex[w - 1] <= pct / 100) for w in at})
             per["captured_at"].append({str(w): gain_captured(optima[labels[w - 1]], jf[w - 1])
                                        for w in at if w - 1 < n})
+            per["available_at"].append({str(w): optima[labels[w - 1]][0] / optima[labels[w - 1]][1]
+                                        for w in at if w - 1 < n})
             per["severe_windows"].append(sum(J(_AtWindow(sc, t), pol, c) > SEVERE * optima[labels[t]][0]
                                              for t, c in enumerate(r["configs"][:n])) / max(1, n))
             per["measured_within5_at"].append(measured_within(sc, pol, r["configs"][:n], labels, optima, at))
@@ -742,6 +745,33 @@ def _captured(xs: Sequence[float | None]) -> dict[str, float | int | None]:
             "ge80": sum(x >= 0.8 for x in v) / len(v)}
 
 
+#: J_defaults / J* of a checkpoint's load: no gain, a small one (hard to show in a few windows), a
+#: large one, more than 2x
+GAIN_BANDS = ((0.0, 1.0 + NO_EFFECT, "<=1.05"), (1.0 + NO_EFFECT, 1.25, "1.05-1.25"), (1.25, 2.0, "1.25-2"),
+              (2.0, math.inf, ">2"))
+
+
+def by_available_gain(per: Sequence[Mapping[str, list[Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per checkpoint and band of the gain available at its load (J_defaults / J*): how many runs,
+    the share within 5 % and within 10 %, and the median share of the gain captured — which loads the
+    misses come from (``per``: summarise_horizon's per-run lists, one per scenario)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for p in per:
+        for w5, w10, cap, av in zip(p["within5_at"], p["within10_at"], p["captured_at"], p["available_at"]):
+            for k, a in av.items():
+                band = next(name for _, hi, name in GAIN_BANDS if a <= hi)
+                cell = out.setdefault(k, {}).setdefault(band, {"runs": 0, "within5": 0, "within10": 0, "cap": []})
+                cell["runs"] += 1
+                cell["within5"] += w5[k]
+                cell["within10"] += w10[k]
+                if cap.get(k) is not None:
+                    cell["cap"].append(cap[k])
+    return {k: {band: {"runs": c["runs"], "within5": c["within5"] / c["runs"], "within10": c["within10"] / c["runs"],
+                       "captured_median": statistics.median(c["cap"]) if c["cap"] else None}
+                for band, c in sorted(v.items(), key=lambda kv: [b[2] for b in GAIN_BANDS].index(kv[0]))}
+            for k, v in out.items()}
+
+
 def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     methods: list[str] = []
     for s in summaries:
@@ -762,6 +792,7 @@ def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "within5_at": {k: sum(d[k] for d in w5) / len(w5) for k in (w5[0] if w5 else {})},
             **{f"within{pct}_at": _shares([d for p in per for d in p[f"within{pct}_at"]]) for pct in (10, 20)},
             "captured_at": {k: _captured([d.get(k) for d in cap]) for k in (w5[0] if w5 else {})},
+            "by_available_gain": by_available_gain(per),
             "measured_within5_at": {k: sum(d[k] for d in m5) / len(m5) for k in (m5[0] if m5 else {})},
             "explore_share_after_100": statistics.mean(ex) if ex else None,
             "worse_than_baseline_deployments": sum(sum(p["worse_deploy"]) for p in per),
@@ -808,6 +839,21 @@ def horizon_table(summaries: Sequence[dict[str, Any]], agg: dict[str, Any]) -> s
                   for c in (cap.get("150"), cap.get("300"))]
         cells.append(f"{d['severe_window_share']:.1%} ({d['severe_window_share_worst_run']:.1%})")
         rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    for m, d in agg["methods"].items():
+        bands = d.get("by_available_gain") or {}
+        if not bands:
+            continue
+        rows += ["", f"{m}, by the gain available at the checkpoint's load (J_defaults / J*): runs, within 5 %, "
+                 "within 10 %, median share of the gain captured", "",
+                 "| checkpoint | " + " | ".join(name for _, _, name in GAIN_BANDS) + " |",
+                 "|---|" + "---|" * len(GAIN_BANDS)]
+        for k, v in bands.items():
+            cells = []
+            for _, _, name in GAIN_BANDS:
+                c = v.get(name)
+                cells.append("-" if c is None else f"{c['runs']}: {_pct(c['within5'])} / {_pct(c['within10'])} / "
+                             + _pct(c["captured_median"]))
+            rows.append(f"| {k} | " + " | ".join(cells) + " |")
     if agg.get("space_within5_median") is not None:
         rows += ["", f"{agg['loads_with_gain']} loads with more than {NO_EFFECT:.0%} available; median share of the "
                  f"space within 5 % of a load's optimum: {agg['space_within5_median']:.2%}"]

@@ -149,6 +149,9 @@ def test_horizon_json_per_scenario_and_method(capsys: pytest.CaptureFixture[str]
     cap = agg["captured_at"]["50"]
     assert cap["runs"] in (0, 1) and (cap["median"] is None) == (cap["runs"] == 0)
     assert agg["severe_window_share"] <= agg["severe_window_share_worst_run"]
+    bands = agg["by_available_gain"]["50"]      # every run's checkpoint falls in exactly one band
+    assert sum(c["runs"] for c in bands.values()) == agg["runs"]
+    assert all(0.0 <= c["within5"] <= c["within10"] <= 1.0 for c in bands.values())
     assert all(0.0 <= ld["space_within5"] <= 1.0 for ld in s["loads"].values())
     assert out["aggregate"]["methods"]["polltuned"]["runs"] == 1
     assert out["noise_scale"] == 1.0 and "space_within5_median" in out["aggregate"]
