@@ -53,7 +53,10 @@ within 5 % at that window), ``regret_median`` per span (J/J* - 1 of what was in 
 checkpoints also give ``within10_at`` and ``within20_at`` (J within 10 / 20 % of the optimum of the
 load), ``captured_at`` (for runs whose checkpoint load has more than NO_EFFECT to gain: the share of
 that gain the configuration in force realises, (J_defaults - J) / (J_defaults - J*); median, mean, share
-of runs at >= 80 %), and ``severe_window_share``: the share of windows whose *measured* configuration
+of runs at >= 80 %), ``by_available_gain`` (the same per band of the gain available at the checkpoint's
+load), ``within5_at_gain``/``within10_at_gain`` (the shares among runs whose checkpoint load has
+more than NO_EFFECT to gain: keeping the defaults on a load with nothing to gain is not a find), and
+``severe_window_share``: the share of windows whose *measured* configuration
 (exploration included, unlike "in force") had more than SEVERE (2x) the defaults' J at that load — the
 stalls users feel while the daemon searches. Two figures separate the search from the decisions:
 ``measured_within5_at`` (share of runs that had *measured*, by that window, a configuration within 5 %
@@ -751,6 +754,18 @@ GAIN_BANDS = ((0.0, 1.0 + NO_EFFECT, "<=1.05"), (1.0 + NO_EFFECT, 1.25, "1.05-1.
               (2.0, math.inf, ">2"))
 
 
+def _with_gain(flags: Sequence[Mapping[str, bool]], available: Sequence[Mapping[str, float]]
+               ) -> dict[str, float | None]:
+    """Per checkpoint, the share of ``flags`` set among the runs whose load at that checkpoint has
+    more than NO_EFFECT available (J_defaults / J*): the headline shares without the loads where
+    keeping the defaults is already optimal (None: no such run)."""
+    out: dict[str, float | None] = {}
+    for k in (flags[0] if flags else {}):
+        hits = [f[k] for f, a in zip(flags, available) if k in a and a[k] > 1.0 + NO_EFFECT]
+        out[k] = sum(hits) / len(hits) if hits else None
+    return out
+
+
 def by_available_gain(per: Sequence[Mapping[str, list[Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
     """Per checkpoint and band of the gain available at its load (J_defaults / J*): how many runs,
     the share within 5 % and within 10 %, and the median share of the gain captured — which loads the
@@ -793,6 +808,8 @@ def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
             **{f"within{pct}_at": _shares([d for p in per for d in p[f"within{pct}_at"]]) for pct in (10, 20)},
             "captured_at": {k: _captured([d.get(k) for d in cap]) for k in (w5[0] if w5 else {})},
             "by_available_gain": by_available_gain(per),
+            **{f"within{pct}_at_gain": _with_gain([d for p in per for d in p[f"within{pct}_at"]],
+                                                  [d for p in per for d in p["available_at"]]) for pct in (5, 10)},
             "measured_within5_at": {k: sum(d[k] for d in m5) / len(m5) for k in (m5[0] if m5 else {})},
             "explore_share_after_100": statistics.mean(ex) if ex else None,
             "worse_than_baseline_deployments": sum(sum(p["worse_deploy"]) for p in per),
@@ -839,6 +856,11 @@ def horizon_table(summaries: Sequence[dict[str, Any]], agg: dict[str, Any]) -> s
                   for c in (cap.get("150"), cap.get("300"))]
         cells.append(f"{d['severe_window_share']:.1%} ({d['severe_window_share_worst_run']:.1%})")
         rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    rows += ["", f"| method | on loads with more than {NO_EFFECT:.0%} available: within 5 % @50 | @150 | @300 "
+             "| within 10 % @50 | @150 | @300 |", "|---|---|---|---|---|---|---|"]
+    for m, d in agg["methods"].items():
+        g5, g10 = d["within5_at_gain"], d["within10_at_gain"]
+        rows.append(f"| {m} | " + " | ".join(_pct(g.get(k)) for g in (g5, g10) for k in ("50", "150", "300")) + " |")
     for m, d in agg["methods"].items():
         bands = d.get("by_available_gain") or {}
         if not bands:

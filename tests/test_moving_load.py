@@ -152,6 +152,9 @@ def test_horizon_json_per_scenario_and_method(capsys: pytest.CaptureFixture[str]
     bands = agg["by_available_gain"]["50"]      # every run's checkpoint falls in exactly one band
     assert sum(c["runs"] for c in bands.values()) == agg["runs"]
     assert all(0.0 <= c["within5"] <= c["within10"] <= 1.0 for c in bands.values())
+    g5, g10 = agg["within5_at_gain"]["50"], agg["within10_at_gain"]["50"]
+    assert (g5 is None) == (g10 is None) == ("<=1.05" in bands)   # one run: its load has gain or not
+    assert g5 is None or 0.0 <= g5 <= g10 <= 1.0
     assert all(0.0 <= ld["space_within5"] <= 1.0 for ld in s["loads"].values())
     assert out["aggregate"]["methods"]["polltuned"]["runs"] == 1
     assert out["noise_scale"] == 1.0 and "space_within5_median" in out["aggregate"]
@@ -237,6 +240,11 @@ def test_gain_captured_and_severe_windows_count_what_users_feel() -> None:
     assert bench.gain_captured((200.0, 100.0), 150.0) == 0.5
     assert bench.gain_captured((200.0, 100.0), 300.0) == -1.0
     assert bench.gain_captured((102.0, 100.0), 100.0) is None      # under NO_EFFECT: nothing to capture
+    # the headline shares without the loads where the defaults are already optimal
+    flags = [{"50": True, "150": True}, {"50": False, "150": True}, {"50": True, "150": False}]
+    avail = [{"50": 1.0, "150": 1.5}, {"50": 1.5, "150": 1.02}, {"50": 3.0, "150": 1.04}]
+    assert bench._with_gain(flags, avail) == {"50": 0.5, "150": 1.0}
+    assert bench._with_gain(flags, [{"50": 1.0, "150": 1.0}] * 3) == {"50": None, "150": None}
 
     pol = load_policy("sim-default")
     name = "family-moving:5:0"
