@@ -724,12 +724,18 @@ def measured_within(sc: Scenario, pol: Policy, configs: Sequence[Mapping[str, Kn
     return {str(w): w - 1 < len(near) and any(near[t] for t in range(w) if labels[t] == labels[w - 1]) for w in at}
 
 
+def has_gain(j_defaults: float, j_star: float = 1.0) -> bool:
+    """A load with more than NO_EFFECT to gain (J_defaults / J*; ``j_star`` 1: a ratio is given):
+    elsewhere keeping the defaults is already within reach of the optimum."""
+    return j_defaults > j_star * (1.0 + NO_EFFECT)
+
+
 def gain_captured(load: tuple[float, float], j: float) -> float | None:
     """The share of a load's available gain that J ``j`` realises: (J_defaults - j) / (J_defaults -
     J*) for a load ``(J_defaults, J*)`` with more than NO_EFFECT available (1 at the optimum, 0 on
     the defaults, negative when worse than them); None for a load where nothing is to be had."""
     jb, js = load
-    if jb <= js * (1.0 + NO_EFFECT):
+    if not has_gain(jb, js):
         return None
     return (jb - j) / (jb - js)
 
@@ -761,7 +767,7 @@ def _with_gain(flags: Sequence[Mapping[str, bool]], available: Sequence[Mapping[
     keeping the defaults is already optimal (None: no such run)."""
     out: dict[str, float | None] = {}
     for k in (flags[0] if flags else {}):
-        hits = [f[k] for f, a in zip(flags, available) if k in a and a[k] > 1.0 + NO_EFFECT]
+        hits = [f[k] for f, a in zip(flags, available) if k in a and has_gain(a[k])]
         out[k] = sum(hits) / len(hits) if hits else None
     return out
 
@@ -792,7 +798,7 @@ def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for s in summaries:
         methods += [m for m in s["methods"] if m not in methods]
     gained = [ld["space_within5"] for s in summaries for ld in s["loads"].values()
-              if ld["J_baseline"] > ld["J_star"] * (1.0 + NO_EFFECT)]
+              if has_gain(ld["J_baseline"], ld["J_star"])]
     out: dict[str, Any] = {"scenarios": len(summaries), "methods": {},
                            "loads_with_gain": len(gained),
                            "space_within5_median": statistics.median(gained) if gained else None}
