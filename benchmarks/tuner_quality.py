@@ -46,8 +46,10 @@ Usage:
 through ``polltuned.engine.driver.drive`` on one window clock; where the engine stops after a round, the
 deployment is held and today's drift rule — a context signal > 30 % away for 3 windows — starts a
 re-tune from it) and scores the configuration *in force* at every window against the optimum of the load
-of that window (``Scenario.expected_at``/``load_at``): ``within5_at`` {"50","150","300"} (share of runs
-within 5 % at that window), ``regret_median`` per span (J/J* - 1 of what was in force),
+of that window (``Scenario.expected_at``/``load_at``): ``within5_at`` {"50","150","300"}, plus "600" and
+"1000" when the horizon reaches them (share of runs within 5 % at that window), ``regret_median`` per
+span (J/J* - 1 of what was in force; 0-50, 50-150, 150-300, then 300-horizon), ``within5_window_share``
+per span (the share of all windows in force within 5 %: the long horizon's steadier view),
 ``explore_share_after_100`` (windows after 100 that were not holding), worse-than-baseline deployments
 (at the load they were made) and the share of windows in force worse than the kernel defaults. The same
 checkpoints also give ``within10_at`` and ``within20_at`` (J within 10 / 20 % of the optimum of the
@@ -77,6 +79,7 @@ default S = 1) instead of scenario files; the per-landscape table is then printe
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -475,7 +478,7 @@ def _pool_map(fn: Any, items: Sequence[Any], jobs: int) -> list[Any]:
 #: sum kernel, the same with the context hidden from it, and random search in the same cycle
 HORIZON_METHODS = {"polltuned": ("skopt", "product", True), "polltuned-sum": ("skopt", "sum", True),
                    "polltuned-nocontext": ("skopt", "product", False), "random": ("random", "product", True)}
-HORIZON_AT = (50, 150, 300)
+HORIZON_AT = (50, 150, 300, 600, 1000)
 #: today's HOLD drift rule, emulated while the engine has no HOLD cycle of its own: a context signal
 #: more than 30 % away from its value at deployment for 3 windows in a row starts a re-tune
 DRIFT_RATIO = 1.3
@@ -694,7 +697,7 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
             per["worse_windows"].append(sum(worse) / max(1, n))
             per["rounds"].append(r["rounds"])
             per["cpu_per_window"].append(r["cpu_s"] / max(1, r["windows"]))
-        spans = [(0, 50), (50, 150), (150, horizon)]
+        spans = [(0, 50), (50, 150), (150, min(horizon, 300))] + ([(300, horizon)] if horizon > 300 else [])
         out["methods"][method] = {
             "runs": len(rs),
             "within5_at": {str(w): sum(d[str(w)] for d in per["within5_at"]) / len(rs) for w in at},
@@ -704,6 +707,9 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
             "explore_share_after_100": statistics.mean(per["explore_after_100"]),
             "regret_median": {f"{a}-{b}": (statistics.median(statistics.mean(x[a:b]) for x in per["regret"]
                                                             if len(x) > a) if b > a else None) for a, b in spans},
+            "within5_window_share": {f"{a}-{b}": (statistics.mean(sum(e <= 0.05 for e in x[a:b]) / len(x[a:b])
+                                                                  for x in per["regret"] if len(x) > a)
+                                                  if b > a else None) for a, b in spans},
             "worse_than_baseline_deployments": sum(per["worse_deploy"]),
             "worse_than_baseline_window_share": statistics.mean(per["worse_windows"]),
             "severe_window_share": statistics.mean(per["severe_windows"]),
@@ -817,6 +823,7 @@ def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
             **{f"within{pct}_at_gain": _with_gain([d for p in per for d in p[f"within{pct}_at"]],
                                                   [d for p in per for d in p["available_at"]]) for pct in (5, 10)},
             "measured_within5_at": {k: sum(d[k] for d in m5) / len(m5) for k in (m5[0] if m5 else {})},
+            "within5_window_share": _window_shares([x for p in per for x in p["regret"]]),
             "explore_share_after_100": statistics.mean(ex) if ex else None,
             "worse_than_baseline_deployments": sum(sum(p["worse_deploy"]) for p in per),
             "worse_than_baseline_window_share": statistics.mean(x for p in per for x in p["worse_windows"]),
@@ -827,13 +834,29 @@ def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _window_shares(regret: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Per span of windows (0-50, 50-150, 150-300, then 300-1000, 1000-horizon as far as the runs
+    go), the share of windows whose configuration in force was within 5 % of the optimum of their
+    load, over every run: the long horizon's view (a checkpoint is one window of each run)."""
+    n = max((len(x) for x in regret), default=0)
+    edges = [e for e in (0, 50, 150, 300, 1000) if e < n] + [n]
+    out: dict[str, float] = {}
+    for a, b in itertools.pairwise(edges):
+        cells = [e <= 0.05 for x in regret for e in x[a:b]]
+        if cells:
+            out[f"{a}-{b}"] = sum(cells) / len(cells)
+    return out
+
+
 def _pct(x: float | None, fmt: str = "{:.0%}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
 def horizon_table(summaries: Sequence[dict[str, Any]], agg: dict[str, Any]) -> str:
-    rows = ["| scenario | method | within 5 % @50 | @150 | @300 | regret 0-50 | 50-150 | 150-end | explore after 100"
-            " | worse deploys | worse windows | rounds |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    spans = next((list(d["regret_median"]) for s in summaries for d in s["methods"].values()), ["0-50", "50-150"])
+    rows = ["| scenario | method | within 5 % @50 | @150 | @300 | " + " | ".join(f"regret {k}" for k in spans)
+            + " | explore after 100 | worse deploys | worse windows | rounds |",
+            "|---|---|---|---|---|" + "---|" * len(spans) + "---|---|---|---|"]
     for s in summaries:
         head = s["scenario"]
         for m, d in s["methods"].items():

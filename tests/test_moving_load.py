@@ -267,3 +267,37 @@ def test_gain_captured_and_severe_windows_count_what_users_feel() -> None:
     assert s["severe_window_share"] == pytest.approx(1 / n)
     assert s["worse_than_baseline_window_share"] == 0.0          # in force: the defaults throughout
     assert s["within20_at"]["50"] >= s["within5_at"]["50"]
+
+
+def test_window_shares_per_span_and_long_horizon_checkpoints() -> None:
+    """The long horizon's view: per span of windows (0-50, 50-150, 150-300, 300-1000, then to the
+    end), the share of windows within 5 % of the optimum over every run; checkpoints 600 and 1000
+    exist only where the runs reach them, and regret spans past 300 only then."""
+    bench = _bench()
+    # two runs of 1200 windows: one within 5 % from window 100 on, one only in the last 200
+    a = [0.5] * 100 + [0.01] * 1100
+    b = [0.5] * 1000 + [0.05] * 200
+    got = bench._window_shares([a, b])
+    assert list(got) == ["0-50", "50-150", "150-300", "300-1000", "1000-1200"]
+    assert got["0-50"] == 0.0
+    assert got["50-150"] == pytest.approx(50 / 200)      # run a: windows 100-149
+    assert got["150-300"] == pytest.approx(0.5)
+    assert got["300-1000"] == pytest.approx(0.5)
+    assert got["1000-1200"] == pytest.approx(1.0)        # exactly 5 % counts as within
+    assert list(bench._window_shares([[0.0] * 120])) == ["0-50", "50-120"]
+    assert bench._window_shares([]) == {}
+
+    pol = load_policy("sim-default")
+    name = "family-moving:5:0"
+    base = default_config(pol)
+    for n, spans, at in ((300, ["0-50", "50-150", "150-300"], ["50", "150", "300"]),
+                         (620, ["0-50", "50-150", "150-300", "300-620"], ["50", "150", "300", "600"])):
+        run = {"kinds": ["hold"] * n, "configs": [dict(base)] * n, "in_force": [dict(base)] * n,
+               "deployments": [], "rounds": 1, "cpu_s": 0.0, "windows": n}
+        s = bench.summarise_horizon(name, pol, {"polltuned": [run]}, n)["methods"]["polltuned"]
+        assert list(s["regret_median"]) == spans
+        assert list(s["within5_window_share"]) == spans
+        assert list(s["within5_at"]) == at
+        agg = bench.aggregate_horizon([{"methods": {"polltuned": s}, "loads": {}}])
+        assert list(agg["methods"]["polltuned"]["within5_window_share"]) == [
+            "0-50", "50-150", "150-300"] + (["300-620"] if n > 300 else [])
