@@ -50,8 +50,10 @@ of that window (``Scenario.expected_at``/``load_at``): ``within5_at`` {"50","150
 "1000" when the horizon reaches them (share of runs within 5 % at that window), ``regret_median`` per
 span (J/J* - 1 of what was in force; 0-50, 50-150, 150-300, then 300-horizon), ``within5_window_share``
 per span (the share of all windows in force within 5 %: the long horizon's steadier view),
-``explore_share_after_100`` (windows after 100 that were not holding), worse-than-baseline deployments
-(at the load they were made) and the share of windows in force worse than the kernel defaults. The same
+``explore_share_after_100`` (windows after 100 that were not holding), deployments and those worse
+than the kernel defaults — every change of the configuration in force (a decision, a switch, a
+challenger's win, a fallback), judged at the load of its first window; ``..._5pct``: worse by more
+than NO_EFFECT — and the share of windows in force worse than the kernel defaults. The same
 checkpoints also give ``within10_at`` and ``within20_at`` (J within 10 / 20 % of the optimum of the
 load), ``captured_at`` (for runs whose checkpoint load has more than NO_EFFECT to gain: the share of
 that gain the configuration in force realises, (J_defaults - J) / (J_defaults - J*); median, mean, share
@@ -559,7 +561,6 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
     space = Space.from_policy(p)
     kinds: list[str] = []
     in_force: list[dict[str, KnobValue]] = []
-    deployments: list[tuple[int, dict[str, KnobValue]]] = []
     active: dict[str, KnobValue] = dict(base)
     rounds = 0
     cpu = 0.0
@@ -584,10 +585,7 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
             in_force.append(dict(active))
         if r is None or env.t >= horizon:
             break
-        dep = {**base, **r.deployed}
-        if dep != active:
-            deployments.append((env.t, dep))
-        active = dep
+        active = {**base, **r.deployed}
         env.apply(active)
         ref = env.windows[-1][2] if env.windows else {}
         streak = 0
@@ -600,7 +598,7 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
                 break
     # a stop at the horizon may finish a confirmation pair past it: score the horizon only
     return {"kinds": kinds[:horizon], "configs": [c for _, c, _ in env.windows][:horizon],
-            "in_force": in_force[:horizon], "deployments": [d for d in deployments if d[0] < horizon],
+            "in_force": in_force[:horizon],
             "rounds": rounds, "cpu_s": cpu, "windows": min(env.t, horizon)}
 
 
@@ -671,7 +669,8 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
         per: dict[str, list[Any]] = {"within5_at": [], "within10_at": [], "within20_at": [], "captured_at": [],
                                      "available_at": [],
                                      "measured_within5_at": [], "regret": [], "explore_after_100": [],
-                                     "worse_deploy": [], "worse_windows": [], "severe_windows": [], "rounds": [],
+                                     "deploys": [], "worse_deploy": [], "worse_deploy_5": [],
+                                     "worse_windows": [], "severe_windows": [], "rounds": [],
                                      "cpu_per_window": []}
         for r in rs:
             n = len(r["in_force"])
@@ -691,9 +690,13 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
             late = r["kinds"][100:]
             per["explore_after_100"].append(sum(1 for k in late if k not in ("hold", WindowKind.HOLD)) / len(late)
                                             if late else 0.0)
-            per["worse_deploy"].append(sum(1 for t, c in r["deployments"]
-                                           if J(_AtWindow(sc, max(t - 1, 0)), pol, c)
-                                           > optima[labels[max(t - 1, 0)]][0] * (1 + 1e-9)))
+            # every configuration HOLD put in force (a round's or a region's decision, a switch, a
+            # challenger's win, a fallback), judged at the load of the first window it held
+            deps = put_in_force(r["in_force"][:n])
+            jd = [(J(_AtWindow(sc, t), pol, c), optima[labels[t]][0]) for t, c in deps]
+            per["deploys"].append(len(deps))
+            per["worse_deploy"].append(sum(1 for j, jb in jd if j > jb * (1 + 1e-9)))
+            per["worse_deploy_5"].append(sum(1 for j, jb in jd if j > jb * (1 + NO_EFFECT)))
             per["worse_windows"].append(sum(worse) / max(1, n))
             per["rounds"].append(r["rounds"])
             per["cpu_per_window"].append(r["cpu_s"] / max(1, r["windows"]))
@@ -711,6 +714,8 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
                                                                   for x in per["regret"] if len(x) > a)
                                                   if b > a else None) for a, b in spans},
             "worse_than_baseline_deployments": sum(per["worse_deploy"]),
+            "worse_than_baseline_deployments_5pct": sum(per["worse_deploy_5"]),
+            "deployments": sum(per["deploys"]),
             "worse_than_baseline_window_share": statistics.mean(per["worse_windows"]),
             "severe_window_share": statistics.mean(per["severe_windows"]),
             "rounds_mean": statistics.mean(per["rounds"]),
@@ -728,6 +733,13 @@ def measured_within(sc: Scenario, pol: Policy, configs: Sequence[Mapping[str, Kn
     decision rule could have deployed there)."""
     near = [J(_AtWindow(sc, t), pol, c) <= optima[labels[t]][1] * (1.0 + within) for t, c in enumerate(configs)]
     return {str(w): w - 1 < len(near) and any(near[t] for t in range(w) if labels[t] == labels[w - 1]) for w in at}
+
+
+def put_in_force(in_force: Sequence[Mapping[str, KnobValue]]) -> list[tuple[int, dict[str, KnobValue]]]:
+    """(window, configuration) for every window whose configuration in force differs from the
+    window before's: each decision, switch, challenger win or fallback that changed what the host
+    runs while holding (the first window is compared with nothing: it holds the kernel defaults)."""
+    return [(t, dict(c)) for t, c in enumerate(in_force) if t > 0 and dict(c) != dict(in_force[t - 1])]
 
 
 def has_gain(j_defaults: float, j_star: float = 1.0) -> bool:
@@ -826,6 +838,8 @@ def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "within5_window_share": _window_shares([x for p in per for x in p["regret"]]),
             "explore_share_after_100": statistics.mean(ex) if ex else None,
             "worse_than_baseline_deployments": sum(sum(p["worse_deploy"]) for p in per),
+            "worse_than_baseline_deployments_5pct": sum(sum(p["worse_deploy_5"]) for p in per),
+            "deployments": sum(sum(p["deploys"]) for p in per),
             "worse_than_baseline_window_share": statistics.mean(x for p in per for x in p["worse_windows"]),
             "severe_window_share": statistics.mean(x for p in per for x in p["severe_windows"]),
             "severe_window_share_worst_run": max(x for p in per for x in p["severe_windows"]),

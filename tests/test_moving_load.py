@@ -138,7 +138,8 @@ def test_horizon_json_per_scenario_and_method(capsys: pytest.CaptureFixture[str]
         d = s["methods"][m]
         assert set(d["within5_at"]) == {"50"}          # 150 and 300 lie beyond a 60-window horizon
         assert 0.0 <= d["explore_share_after_100"] <= 1.0
-        assert d["worse_than_baseline_deployments"] >= 0 and d["rounds_mean"] >= 1
+        assert d["deployments"] >= d["worse_than_baseline_deployments"] >= d["worse_than_baseline_deployments_5pct"]
+        assert d["rounds_mean"] >= 1
         assert "per_run" not in d
         assert set(d["measured_within5_at"]) == {"50"} and 0.0 <= d["measured_within5_at"]["50"] <= 1.0
         # within 5 % implies within 10 % implies within 20 % (the same runs, wider bands)
@@ -261,7 +262,7 @@ def test_gain_captured_and_severe_windows_count_what_users_feel() -> None:
     assert bad is not None
     configs = [dict(base) for _ in range(n)]
     configs[10] = bad
-    run = {"kinds": ["hold"] * n, "configs": configs, "in_force": [dict(base)] * n, "deployments": [],
+    run = {"kinds": ["hold"] * n, "configs": configs, "in_force": [dict(base)] * n,
            "rounds": 1, "cpu_s": 0.0, "windows": n}
     s = bench.summarise_horizon(name, pol, {"polltuned": [run]}, n)["methods"]["polltuned"]
     assert s["severe_window_share"] == pytest.approx(1 / n)
@@ -293,7 +294,7 @@ def test_window_shares_per_span_and_long_horizon_checkpoints() -> None:
     for n, spans, at in ((300, ["0-50", "50-150", "150-300"], ["50", "150", "300"]),
                          (620, ["0-50", "50-150", "150-300", "300-620"], ["50", "150", "300", "600"])):
         run = {"kinds": ["hold"] * n, "configs": [dict(base)] * n, "in_force": [dict(base)] * n,
-               "deployments": [], "rounds": 1, "cpu_s": 0.0, "windows": n}
+               "rounds": 1, "cpu_s": 0.0, "windows": n}
         s = bench.summarise_horizon(name, pol, {"polltuned": [run]}, n)["methods"]["polltuned"]
         assert list(s["regret_median"]) == spans
         assert list(s["within5_window_share"]) == spans
@@ -301,3 +302,38 @@ def test_window_shares_per_span_and_long_horizon_checkpoints() -> None:
         agg = bench.aggregate_horizon([{"methods": {"polltuned": s}, "loads": {}}])
         assert list(agg["methods"]["polltuned"]["within5_window_share"]) == [
             "0-50", "50-150", "150-300"] + (["300-620"] if n > 300 else [])
+
+
+def test_every_change_in_force_is_a_deployment_judged_at_its_load() -> None:
+    """A deployment is any change of the configuration in force while holding (a region's decision,
+    a switch, a challenger's win, a fallback), judged at the load of the first window it held:
+    worse than the defaults there counts (and, by more than 5 %, in ``..._5pct``); going back to the
+    defaults never does. (Before, only a round's end was counted, and the daemon's one long round
+    never ended inside the horizon: zero by construction.)"""
+    bench = _bench()
+    pol = load_policy("sim-default")
+    name = "family-moving:5:0"
+    sc = load_scenario(name)
+    base = default_config(pol)
+    n = 60
+    labels = [sc.load_at(t) for t in range(n)]
+    optima = bench.load_optima(name, pol, n)
+    space = Space.from_policy(pol)
+    at30 = bench._AtWindow(sc, 30)
+    jb = optima[labels[30]][0]
+    draws = [{**base, **c} for c in space.sample_uniform(np.random.default_rng(1), 3000)]
+    bad = next(c for c in draws if bench.J(at30, pol, c) > 1.5 * jb)
+    slight = next((c for c in draws if jb * 1.001 < bench.J(at30, pol, c) < jb * 1.05), None)
+    assert slight is not None
+    in_force = [dict(base)] * 30 + [bad] * 5 + [dict(base)] * 5 + [slight] * 5 + [dict(base)] * 15
+    assert bench.put_in_force(in_force) == [(30, bad), (35, base), (40, slight), (45, base)]
+    assert bench.put_in_force([dict(base)] * 5) == []
+    # the windows 40-44 sit at window 30's load only if the load did not change: judge them there
+    assert labels[30] == labels[40] == labels[44], "pick a scenario whose load holds over windows 30-44"
+    run = {"kinds": ["hold"] * n, "configs": in_force, "in_force": in_force, "rounds": 1, "cpu_s": 0.0,
+           "windows": n}
+    s = bench.summarise_horizon(name, pol, {"polltuned": [run]}, n)["methods"]["polltuned"]
+    assert s["deployments"] == 4
+    assert s["worse_than_baseline_deployments"] == 2
+    assert s["worse_than_baseline_deployments_5pct"] == 1
+    assert s["worse_than_baseline_window_share"] == pytest.approx(10 / n)
