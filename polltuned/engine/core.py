@@ -636,7 +636,8 @@ class Engine:
         if st.stop:
             return (yield from self._stopped())
         deployed = cand if verdict.deploy else st.baseline
-        yield from self._put_back(deployed, WindowKind.CONFIRM)
+        left = verdict.deploy and self._left(c)
+        yield from self._put_back(st.baseline if left else deployed, WindowKind.CONFIRM)
         reason = (("deployed: " if verdict.deploy else "baseline kept: ") + verdict.reason
                   + (" (cut short by a load change)" if c.cut else ""))
         if st.result is None:
@@ -644,8 +645,11 @@ class Engine:
             self._emit(Phase.DONE, reason, kind=EventKind.DEPLOY if verdict.deploy else EventKind.KEEP)
         level = mean_log(b if verdict.deploy else a) if (b if verdict.deploy else a) else None
         pending = Pending(dict(cand), list(a), list(b), shares) if self._resumable(c) else None
-        return self._decided(verdict if verdict.deploy else None, level, reason, config=deployed,
-                             windows=len(a) + len(b), shares=shares, pending=pending, load=c.load)
+        phase = self._decided(verdict if verdict.deploy else None, level, reason, config=deployed,
+                              windows=len(a) + len(b), shares=shares, pending=pending, load=c.load)
+        if left and phase is Phase.HOLD:
+            self._originals_for_the_load_now()
+        return phase
 
     def _keep_originals(self, why: str, where: Mapping[str, float] | None = None, *,
                         pending: Pending | None = None) -> Steps[Phase]:
@@ -942,6 +946,26 @@ class Engine:
                                                             if verdict is not None else "keeps the originals"))
         return Phase.HOLD
 
+    def _left(self, c: Compared) -> bool:
+        """Following the load: a comparison a load change cut, whose load has gone. Its decision
+        belongs to the region of its own load; put in force now, it would run on another load (a
+        busy-polling win on a quiet load, 3x worse the moment the CPU is shared)."""
+        st = self.state
+        return (c.cut and st.follow and c.load is not None and bool(log_context(c.load))
+                and bool(log_context(st.context)) and self._far(st.context, c.load))
+
+    def _originals_for_the_load_now(self) -> None:
+        """After a decision filed for a load that has gone: the originals are in force for the load
+        now, as its active entry, without writing it into the table. HOLD's region rules then switch
+        to that region's confirmed entry, or search a region that has none."""
+        st = self.state
+        h = self._hold_state()
+        region = h.regions.assign(st.context)
+        here = Entry(region, dict(st.baseline), 0.0, math.nan, math.nan, 0, st.index,
+                     "the originals while the load the decision was for is away", is_originals=True)
+        self._activate(here, None)
+        h.note(st.index, f"region {region}: the originals in force (the decision was for the load that left)")
+
     def _search_region(self, h: HoldState) -> int:
         """The region of the first search's decision when no comparison measured it: the region
         most of the search's windows were measured in (the latest of a tie). The load at the moment
@@ -1028,7 +1052,10 @@ class Engine:
         if (region == active.region and region in h.pending and h.region_streak >= hp.switch_windows):
             yield from self._resume_pending(region)
             return None
-        if h.credit >= 2 * self.policy.confirm.pairs and h.since_switch >= hp.min_switch_interval:
+        # a challenger is measured against the active entry at that entry's own load: never in the
+        # window the load arrives from another region (it would win or lose for the wrong region)
+        if (h.credit >= 2 * self.policy.confirm.pairs and h.since_switch >= hp.min_switch_interval
+                and region == active.region and h.region_streak >= hp.switch_windows):
             yield from self._challenge()
         return None
 
@@ -1061,11 +1088,14 @@ class Engine:
             yield from self._put_back(st.baseline, WindowKind.CONFIRM)
             h.note(st.index, f"region {region}: the resumed confirmation kept the originals ({verdict.reason})")
             return
-        yield from self._put_back(pend.config, WindowKind.CONFIRM)
+        left = self._left(c)
+        yield from self._put_back(st.baseline if left else pend.config, WindowKind.CONFIRM)
         entry = Entry(region, dict(pend.config), verdict.gain, verdict.ci_low, mean_log(b), len(a) + len(b),
                       st.index, "deployed after a resumed confirmation: " + verdict.reason, shares=pend.shares)
         h.table[region] = entry
         self._activate(entry, entry.level)
+        if left:
+            self._originals_for_the_load_now()
         h.note(st.index, entry.why)
         self._emit(Phase.HOLD, f"HOLD: region {region} deployed " + _fmt(entry.config, st.baseline),
                    kind=EventKind.DEPLOY)
@@ -1194,8 +1224,11 @@ class Engine:
                         mean_log(b), len(a) + len(b), st.index, f"challenger won at window {st.index}: "
                         + verdict.reason, shares=shares)
             h.table[active.region] = new
-            yield from self._put_back(cand, WindowKind.CHALLENGE)
+            left = self._left(c)
+            yield from self._put_back(st.baseline if left else cand, WindowKind.CHALLENGE)
             self._activate(new, new.level)
+            if left:
+                self._originals_for_the_load_now()
             h.note(st.index, new.why)
             self._emit(Phase.HOLD, "challenger replaces the entry: " + verdict.reason, kind=EventKind.DEPLOY)
             return
