@@ -803,13 +803,6 @@ class Engine:
         while broke is None and not st.stop and p < looks[-1]:
             broke = yield from self._confirm_pair(p, cand, base, a, b, kind, ctxs)
             p += 1
-            if p in looks and len(a) >= 2 and len(b) >= 2:
-                v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
-                if v.deploy or v.ci_high < pol.confirm.min_effect:
-                    break  # decided: significant gain, or no chance of a worthwhile one
-                if (st.follow and pol.confirm.futility > 0 and p < looks[-1]
-                        and not v.gain > pol.confirm.futility * pol.confirm.min_effect):
-                    break  # following the load: a look showing too little gain to be worth more windows
             if broke is not None and kind is WindowKind.CONFIRM:
                 before = self._pairs_before_a_break_elsewhere(ctxs)
                 if before is not None:
@@ -833,6 +826,14 @@ class Engine:
                 self._emit(Phase.HOLD if kind is not WindowKind.CONFIRM else Phase.CONFIRM,
                            f"the load changed during the {_DURING[kind]}: decided on its first {keep} pairs")
                 break
+            # after the cut: a look must not decide on pairs measured at the load that arrived
+            if p in looks and len(a) >= 2 and len(b) >= 2:
+                v = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
+                if v.deploy or v.ci_high < pol.confirm.min_effect:
+                    break  # decided: significant gain, or no chance of a worthwhile one
+                if (st.follow and pol.confirm.futility > 0 and p < looks[-1]
+                        and not v.gain > pol.confirm.futility * pol.confirm.min_effect):
+                    break  # following the load: a look showing too little gain to be worth more windows
         verdict = confirm_verdict(a, b, alpha=alpha, min_effect=pol.confirm.min_effect)
         if broke is not None:
             st.guard_events.append(broke)
