@@ -558,3 +558,66 @@ def test_a_guard_break_at_another_load_does_not_decide_for_the_load_the_comparis
             break
     assert busy(h.table[0].config), [ev.message for ev in events[-6:]]
     assert "resumed confirmation" in h.table[0].why
+
+
+def _cut_first_confirmation(pairs_on_split: int) -> tuple[FlipEnv, Engine, list[Event]]:
+    """A following engine whose first confirmation (busy polling, on split) ran ``pairs_on_split``
+    pairs before the load moved to shared, run until that decision put it in HOLD."""
+    p = policy()
+    env = FlipEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    while env.kinds.count(WindowKind.CONFIRM) < 2 * pairs_on_split:
+        run_until(e, env, 1, events)
+    assert busy(env.config), "the first search's candidate on split is busy polling"
+    env.load = "shared"
+    while e.state.hold is None:
+        run_until(e, env, 1, events)
+    return env, e, events
+
+
+def test_a_decision_for_a_load_that_left_is_filed_for_it_and_not_put_in_force() -> None:
+    """The load moves to shared (where busy polling costs several times) after 6 or 7 pairs of the
+    first confirmation; 7 makes the first look (at 8 pairs) fall on the pair measured at shared, and
+    the cut must come before that look. The decision, busy polling, is filed for split's region,
+    but the host runs the originals at shared; it goes back in force when split is back."""
+    for pairs in (6, 7):
+        env, e, events = _cut_first_confirmation(pairs)
+        h = e.state.hold
+        assert h is not None and h.active is not None
+        msgs = [ev.message for ev in events]
+        assert any(f"decided on its first {pairs} pairs" in m for m in msgs), (pairs, msgs[-6:])
+        filed = [en for en in h.table.values() if not en.is_originals]
+        assert len(filed) == 1 and busy(filed[0].config), (pairs, h.table)
+        assert not busy(env.config), f"{pairs} pairs: busy polling put in force at the shared load"
+        assert h.active.is_originals and h.active.region != filed[0].region
+        n0 = len(env.kinds)
+        run_until(e, env, 20, events)     # shared: the region rules search it or keep the originals
+        assert h.active is not filed[0]
+        env.load = "split"
+        for _ in range(60):
+            run_until(e, env, 1, events)
+            if h.active == filed[0] and h.searching is None:
+                break
+        assert h.active == filed[0] and busy(env.config), (pairs, [ev.message for ev in events[-5:]])
+        assert WindowKind.CHALLENGE not in env.kinds[n0:]
+
+
+def test_a_challenger_never_starts_in_the_window_the_load_arrives_from_another_region() -> None:
+    """Credit for a challenger is there when the load moves: the first windows at the new load are
+    the region rules' (a switch or a search), never a challenger measured against the entry of the
+    load that left (its verdict would be filed for the wrong region)."""
+    p = policy(explore_share=0.5)
+    env, e, events = in_hold(p)
+    h = e.state.hold
+    assert h is not None and h.active is not None
+    h.credit = 4.0 * p.confirm.pairs
+    h.since_switch = p.hold.min_switch_interval
+    env.load = "shared"
+    n0 = len(env.kinds)
+    for _ in range(80):
+        run_until(e, env, 1, events)
+        if h.searching is not None or 1 in h.table:
+            break
+    assert h.searching is not None or 1 in h.table, "the shared load got neither a search nor an entry"
+    assert WindowKind.CHALLENGE not in env.kinds[n0:], env.kinds[n0:]
