@@ -966,6 +966,8 @@ class Engine:
                      "the originals while the load the decision was for is away", is_originals=True)
         self._activate(here, None)
         h.note(st.index, f"region {region}: the originals in force (the decision was for the load that left)")
+        self._emit(Phase.HOLD, f"the load is now in region {region}: the originals are in force until its "
+                               "entry or a search takes over", kind=EventKind.SWITCH)
 
     def _search_region(self, h: HoldState) -> int:
         """The region of the first search's decision when no comparison measured it: the region
@@ -1095,11 +1097,11 @@ class Engine:
                       st.index, "deployed after a resumed confirmation: " + verdict.reason, shares=pend.shares)
         h.table[region] = entry
         self._activate(entry, entry.level)
-        if left:
-            self._originals_for_the_load_now()
         h.note(st.index, entry.why)
         self._emit(Phase.HOLD, f"HOLD: region {region} deployed " + _fmt(entry.config, st.baseline),
                    kind=EventKind.DEPLOY)
+        if left:
+            self._originals_for_the_load_now()
 
     def _check_level(self, lj: float) -> Steps[bool]:
         """Fallback first: J beyond the active entry's level by more than the guard limit (noise-
@@ -1228,10 +1230,10 @@ class Engine:
             left = self._left(c)
             yield from self._put_back(st.baseline if left else cand, WindowKind.CHALLENGE)
             self._activate(new, new.level)
-            if left:
-                self._originals_for_the_load_now()
             h.note(st.index, new.why)
             self._emit(Phase.HOLD, "challenger replaces the entry: " + verdict.reason, kind=EventKind.DEPLOY)
+            if left:
+                self._originals_for_the_load_now()
             return
         yield from self._put_back(active.config, WindowKind.HOLD)
         if st.stop:   # the verdict of an unfinished comparison is not a decision
