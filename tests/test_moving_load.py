@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -231,6 +233,18 @@ def test_horizon_run_measures_every_window_on_one_clock() -> None:
     assert bench._drifted({"flows": 1.0}, {"flows": 4.0}) and not bench._drifted({"flows": 4.0}, {"flows": 4.2})
 
 
+def _moving_world(bench: Any, n: int = 60) -> tuple[Any, ...]:
+    """One moving family landscape over ``n`` windows, for the hand-built runs below: the policy,
+    scenario name and object, the defaults, ``n``, the load label of each window, the optimum per
+    load and the policy's search space."""
+    pol = load_policy("sim-default")
+    name = "family-moving:5:0"
+    sc = load_scenario(name)
+    labels = [sc.load_at(t) for t in range(n)]
+    return (pol, name, sc, default_config(pol), n, labels, bench.load_optima(name, pol, n),
+            Space.from_policy(pol))
+
+
 def test_gain_captured_and_severe_windows_count_what_users_feel() -> None:
     """captured: 1 at the optimum, 0 on the defaults, negative when worse, None where nothing is to
     be had. severe: a window whose *measured* configuration has more than 2x the defaults' J counts,
@@ -247,15 +261,8 @@ def test_gain_captured_and_severe_windows_count_what_users_feel() -> None:
     assert bench._with_gain(flags, avail) == {"50": 0.5, "150": 1.0}
     assert bench._with_gain(flags, [{"50": 1.0, "150": 1.0}] * 3) == {"50": None, "150": None}
 
-    pol = load_policy("sim-default")
-    name = "family-moving:5:0"
-    sc = load_scenario(name)
-    base = default_config(pol)
-    n = 60
-    labels = [sc.load_at(t) for t in range(n)]
-    optima = bench.load_optima(name, pol, n)
+    pol, name, sc, base, n, labels, optima, space = _moving_world(bench)
     # a configuration more than 2x the defaults' J at window 10's load (busy polling where it hurts)
-    space = Space.from_policy(pol)
     at10 = bench._AtWindow(sc, 10)
     bad = next(({**base, **c} for c in space.sample_uniform(np.random.default_rng(0), 2000)
                 if bench.J(at10, pol, {**base, **c}) > 2.5 * optima[labels[10]][0]), None)
@@ -311,14 +318,7 @@ def test_every_change_in_force_is_a_deployment_judged_at_its_load() -> None:
     defaults never does. (Before, only a round's end was counted, and the daemon's one long round
     never ended inside the horizon: zero by construction.)"""
     bench = _bench()
-    pol = load_policy("sim-default")
-    name = "family-moving:5:0"
-    sc = load_scenario(name)
-    base = default_config(pol)
-    n = 60
-    labels = [sc.load_at(t) for t in range(n)]
-    optima = bench.load_optima(name, pol, n)
-    space = Space.from_policy(pol)
+    pol, name, sc, base, n, labels, optima, space = _moving_world(bench)
     at30 = bench._AtWindow(sc, 30)
     jb = optima[labels[30]][0]
     draws = [{**base, **c} for c in space.sample_uniform(np.random.default_rng(1), 3000)]
