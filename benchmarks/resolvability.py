@@ -75,8 +75,8 @@ def _tq() -> Any:
 
 TQ = _tq()
 WITHIN = 0.05
-Z_ALPHA = 1.6448536269514722      # one-sided alpha 0.05
-Z_POWER = {0.5: 0.0, 0.8: 0.8416212335729143}
+Z_ALPHA = statistics.NormalDist().inv_cdf(0.95)   # one-sided alpha 0.05
+POWERS = (0.5, 0.8)
 BUDGETS = (12, 30, 60, 105, 120)
 CHECKPOINTS = (150, 300)
 #: every exploration window the issue's budget allows by a checkpoint: the first 100, then 10 %
@@ -99,7 +99,7 @@ def windows_to_show(effect_log: float, sd: float, power: float, sd_other: float 
     2 (z_a + z_b)^2 (sd^2 + sd_other^2) / d^2 windows in all. At least 1."""
     if effect_log <= 0:
         return math.inf
-    z = Z_ALPHA + Z_POWER[power]
+    z = Z_ALPHA + statistics.NormalDist().inv_cdf(power)
     var = sd * sd if sd_other is None else 2.0 * (sd * sd + sd_other * sd_other)
     return max(1.0, z * z * var / (effect_log * effect_log))
 
@@ -139,6 +139,7 @@ def load_need(sc: Any, pol: Policy, window: int, power: float, paired: bool = Fa
     j_min = TQ.J(at, pol, cmin)
     sd_min = log_sd(sc, pol, cmin, window, seed)
     sd_base = log_sd(sc, pol, base, window, seed + 1)
+
     def show(d: float, sd_a: float, sd_b: float) -> float:
         return windows_to_show(d, sd_a, power, sd_b) if paired else windows_to_show(d, min(sd_a, sd_b), power)
 
@@ -203,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--horizon", type=int, default=300)
     ap.add_argument("--policy", default=str(HERE.parent / "policies" / "sim-default.toml"))
     ap.add_argument("--noise-scale", type=float, default=1.0)
-    ap.add_argument("--power", type=float, default=0.5, choices=sorted(Z_POWER))
+    ap.add_argument("--power", type=float, default=0.5, choices=POWERS)
     ap.add_argument("--paired", action="store_true", help="both arms measured equally (an interleaved "
                     "comparison) instead of the other arm known exactly")
     ap.add_argument("--jobs", type=int, default=1)
