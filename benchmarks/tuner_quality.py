@@ -81,10 +81,12 @@ default S = 1) instead of scenario files; the per-landscape table is then printe
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -564,6 +566,7 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
     active: dict[str, KnobValue] = dict(base)
     rounds = 0
     cpu = 0.0
+    decisions: list[dict[str, Any]] = []
     while env.t < horizon:
         rounds += 1
         cur = env.current()
@@ -573,7 +576,8 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
                else make_optimiser(backend, space, cur, seed=seed + rounds, safety_limit=safety))
         eng = Engine(p, study, current=cur, clock=FakeClock(), optimiser=opt, follow=True)
         n0 = len(env.windows)
-        r = drive(eng, env, max_windows=horizon - env.t)
+        r = drive(eng, env, max_windows=horizon - env.t,
+                  on_event=functools.partial(_on_event, env=env, round_no=rounds, eng=eng, out=decisions))
         cpu += opt.cpu_seconds
         got = [str(k) for k, _ in eng.trace.windows]
         new = len(env.windows) - n0
@@ -599,7 +603,31 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
     # a stop at the horizon may finish a confirmation pair past it: score the horizon only
     return {"kinds": kinds[:horizon], "configs": [c for _, c, _ in env.windows][:horizon],
             "in_force": in_force[:horizon],
-            "rounds": rounds, "cpu_s": cpu, "windows": min(env.t, horizon)}
+            "rounds": rounds, "cpu_s": cpu, "windows": min(env.t, horizon),
+            "decisions": [d for d in decisions if d["window"] <= horizon]}
+
+
+#: the engine's decision events in follow mode (a round's first decision, a region search's, a resumed
+#: confirmation's): "HOLD: region N deployed CFG (why)" / "HOLD: region N keeps the originals (why)"
+_DECISION = re.compile(r"^HOLD: region (\d+) (deployed|keeps the originals)")
+
+
+def _on_event(ev: Any, *, env: HorizonEnv, round_no: int, eng: Engine, out: list[dict[str, Any]]) -> None:
+    _note_decision(ev, env.t, round_no, eng, out)
+
+
+def _note_decision(ev: Any, t: int, round_no: int, eng: Engine, out: list[dict[str, Any]]) -> None:
+    """Collect one decision event of a horizon run: the windows measured when it was made, the round,
+    the region, whether something was deployed, the configuration of the region's entry then (the
+    active one at the event) and the engine's reason (the text in brackets)."""
+    m = _DECISION.match(ev.message)
+    if m is None:
+        return
+    why = ev.message[ev.message.find(" (") + 2:-1] if ev.message.endswith(")") else ""
+    h = eng.state.hold
+    cfg = dict(h.active.config) if h is not None and h.active is not None else None
+    out.append({"window": t, "round": round_no, "region": int(m.group(1)), "deployed": m.group(2) == "deployed",
+                "config": cfg, "why": why})
 
 
 def _horizon_task(args: tuple[str, Policy, str, int, int, float]) -> tuple[str, str, int, dict[str, Any]]:

@@ -427,9 +427,14 @@ def test_a_region_search_skips_a_hopeless_confirmation() -> None:
     """shared (busypoll_shared: nothing helps there): the model predicts less than min_effect for
     the search's pick, so the originals stay without a confirmation's windows."""
     p = policy(region_design=0)
-    _, e, _ = both_regions(p)
+    _, e, events = both_regions(p)
     h = e.state.hold
     assert h is not None
+    # the decision event says why, not only what (the daemon's log and benchmarks/decisions.py read it)
+    said = [ev.message for ev in events if ev.message.startswith("HOLD: region 1 ")]
+    assert said == [f"HOLD: region 1 keeps the originals ({h.table[1].why})"], said
+    first = [ev.message for ev in events if ev.message.startswith("HOLD: region 0 deployed ")]
+    assert len(first) == 1 and first[0].endswith(f"({h.table[0].why})"), first
     tw = e.trace.windows
     start = next(i for i, (k, _) in enumerate(tw) if k is WindowKind.HOLD)
     region1 = tw[start:]

@@ -943,8 +943,10 @@ class Engine:
             h.pending.pop(region, None)
         self._activate(entry, level)
         h.note(st.index, f"region {region}: {why}")
+        # the reason goes with the decision (the event log and the journal say why, not only what)
         self._emit(Phase.HOLD, f"HOLD: region {region} " + ("deployed " + _fmt(entry.config, st.baseline)
-                                                            if verdict is not None else "keeps the originals"))
+                                                            if verdict is not None else "keeps the originals")
+                   + f" ({why})")
         return Phase.HOLD
 
     def _left(self, c: Compared) -> bool:
@@ -1090,6 +1092,8 @@ class Engine:
         if not verdict.deploy:
             yield from self._put_back(st.baseline, WindowKind.CONFIRM)
             h.note(st.index, f"region {region}: the resumed confirmation kept the originals ({verdict.reason})")
+            self._emit(Phase.HOLD, f"HOLD: region {region} keeps the originals (the resumed confirmation: "
+                                   f"{verdict.reason})")
             return
         left = self._left(c)
         yield from self._put_back(st.baseline if left else pend.config, WindowKind.CONFIRM)
@@ -1098,8 +1102,8 @@ class Engine:
         h.table[region] = entry
         self._activate(entry, entry.level)
         h.note(st.index, entry.why)
-        self._emit(Phase.HOLD, f"HOLD: region {region} deployed " + _fmt(entry.config, st.baseline),
-                   kind=EventKind.DEPLOY)
+        self._emit(Phase.HOLD, f"HOLD: region {region} deployed " + _fmt(entry.config, st.baseline)
+                   + f" ({entry.why})", kind=EventKind.DEPLOY)
         if left:
             self._originals_for_the_load_now()
 
