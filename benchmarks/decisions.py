@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import sys
 import time
@@ -41,21 +40,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from benchmarks._load import load  # noqa: E402
 from polltuned.policy.loader import load_policy  # noqa: E402
 from polltuned.policy.schema import Policy  # noqa: E402
 from polltuned.worlds.env import default_config  # noqa: E402
 from polltuned.worlds.scenario import load_scenario  # noqa: E402
 
-
-def _tq() -> Any:
-    spec = importlib.util.spec_from_file_location("pt_tuner_quality_d", HERE / "tuner_quality.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-TQ = _tq()
+TQ: Any = load("tuner_quality")
 WITHIN = 0.05
 #: the engine's reasons for keeping the originals, by the words it uses (first match wins)
 REASONS = (("model predicts", "the model predicted too little for the pick"),

@@ -36,7 +36,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -58,6 +57,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from benchmarks._load import load  # noqa: E402
 from polltuned.clock import FakeClock, SystemClock  # noqa: E402
 from polltuned.engine.core import Engine  # noqa: E402
 from polltuned.engine.driver import drive  # noqa: E402
@@ -77,15 +77,6 @@ from polltuned.worlds.env import ScenarioEnv, default_config  # noqa: E402
 from polltuned.worlds.scenario import Scenario, load_scenario  # noqa: E402
 
 LATENCY_KEYS = ("p50_us", "p99_us", "p999_us", "mean_us")
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"pt_{name}", HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[f"pt_{name}"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ---------------------------------------------------------------- one simulated host
@@ -325,7 +316,7 @@ def run_hosts(specs: Sequence[HostSpec], run: RunSpec, timeout_s: float) -> list
 
 # ---------------------------------------------------------------- scoring
 def score_host(r: dict[str, Any], sc: Scenario, pol: Policy, j_star: float, budget: int) -> dict[str, Any]:
-    tq = _load("tuner_quality")
+    tq = load("tuner_quality")
     base = default_config(pol)
 
     def J(c: Mapping[str, KnobValue]) -> float:
@@ -445,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.quick:
         a.reps, a.budget, a.pace_s, a.odd = 1, min(a.budget, 12), 0.0, False
-    tq = _load("tuner_quality")
+    tq = load("tuner_quality")
     pol = load_policy(a.policy)
     pol = pol.model_copy(update={"tuning": pol.tuning.model_copy(update={"budget": a.budget})})
     run_pol = strip_seeds(pol) if a.no_seeds else pol
@@ -456,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     try:
         if a.store == "postgresql":
-            pgc = _load("pgcluster")
+            pgc = load("pgcluster")
             cluster = pgc.PrivateCluster.start(max_connections=max(100, 2 * (a.latency_hosts or a.hosts) + 20))
         doc: dict[str, Any] = {"scenario": sc.name, "policy": pol.name, "budget": a.budget, "pace_s": a.pace_s,
                                "store": a.store, "no_seeds": a.no_seeds, "fresh_shared": a.fresh_shared,

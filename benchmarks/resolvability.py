@@ -42,7 +42,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import statistics
@@ -57,6 +56,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from benchmarks._load import load  # noqa: E402
 from polltuned.objective import value_of  # noqa: E402
 from polltuned.optimiser.space import Space  # noqa: E402
 from polltuned.policy.loader import load_policy  # noqa: E402
@@ -64,16 +64,7 @@ from polltuned.policy.schema import Policy  # noqa: E402
 from polltuned.records import KnobValue  # noqa: E402
 from polltuned.worlds.env import default_config  # noqa: E402
 
-
-def _tq() -> Any:
-    spec = importlib.util.spec_from_file_location("pt_tuner_quality_r", HERE / "tuner_quality.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-TQ = _tq()
+TQ: Any = load("tuner_quality")
 WITHIN = 0.05
 Z_ALPHA = statistics.NormalDist().inv_cdf(0.95)   # one-sided alpha 0.05
 POWERS = (0.5, 0.8)

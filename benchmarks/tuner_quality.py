@@ -577,7 +577,7 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
         eng = Engine(p, study, current=cur, clock=FakeClock(), optimiser=opt, follow=True)
         n0 = len(env.windows)
         r = drive(eng, env, max_windows=horizon - env.t,
-                  on_event=functools.partial(_on_event, env=env, round_no=rounds, eng=eng, out=decisions))
+                  on_event=functools.partial(_note_decision, env=env, round_no=rounds, eng=eng, out=decisions))
         cpu += opt.cpu_seconds
         got = [str(k) for k, _ in eng.trace.windows]
         new = len(env.windows) - n0
@@ -612,11 +612,7 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
 _DECISION = re.compile(r"^HOLD: region (\d+) (deployed|keeps the originals)")
 
 
-def _on_event(ev: Any, *, env: HorizonEnv, round_no: int, eng: Engine, out: list[dict[str, Any]]) -> None:
-    _note_decision(ev, env.t, round_no, eng, out)
-
-
-def _note_decision(ev: Any, t: int, round_no: int, eng: Engine, out: list[dict[str, Any]]) -> None:
+def _note_decision(ev: Any, *, env: HorizonEnv, round_no: int, eng: Engine, out: list[dict[str, Any]]) -> None:
     """Collect one decision event of a horizon run: the windows measured when it was made, the round,
     the region, whether something was deployed, the configuration of the region's entry then (the
     active one at the event) and the engine's reason (the text in brackets)."""
@@ -626,7 +622,7 @@ def _note_decision(ev: Any, t: int, round_no: int, eng: Engine, out: list[dict[s
     why = ev.message[ev.message.find(" (") + 2:-1] if ev.message.endswith(")") else ""
     h = eng.state.hold
     cfg = dict(h.active.config) if h is not None and h.active is not None else None
-    out.append({"window": t, "round": round_no, "region": int(m.group(1)), "deployed": m.group(2) == "deployed",
+    out.append({"window": env.t, "round": round_no, "region": int(m.group(1)), "deployed": m.group(2) == "deployed",
                 "config": cfg, "why": why})
 
 

@@ -44,16 +44,9 @@ def fixtures_dir() -> Path:
 
 # ---------------------------------------------------------------- PostgreSQL (study store tests)
 def _pgcluster_module() -> object:
-    import importlib.util
-    import sys
+    from benchmarks._load import load
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pgcluster.py"
-    spec = importlib.util.spec_from_file_location("pt_pgcluster", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["pt_pgcluster"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load("pgcluster")
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,15 +9,13 @@ from typing import Any
 
 import pytest
 
+from benchmarks._load import load
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _mod() -> Any:
-    spec = importlib.util.spec_from_file_location("pt_decisions", ROOT / "benchmarks" / "decisions.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("decisions")
 
 
 D = _mod()

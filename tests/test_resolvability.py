@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks._load import load
 from polltuned.optimiser.space import Space
 from polltuned.policy.loader import load_policy
 from polltuned.worlds.env import default_config
@@ -20,11 +20,7 @@ SCEN = "family-moving:8117:25"   # quiet: busy_read ~30 plus timer_migration = 0
 
 
 def _mod() -> Any:
-    spec = importlib.util.spec_from_file_location("pt_resolvability", ROOT / "benchmarks" / "resolvability.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("resolvability")
 
 
 def test_windows_to_show_is_the_design_formula() -> None:
