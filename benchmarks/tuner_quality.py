@@ -40,7 +40,7 @@ Usage:
                               [--no-seeds] [--per-landscape | --no-per-landscape] [--jobs N] [--json] [--quick]
   benchmarks/tuner_quality.py --cost     # optimiser CPU per step at 10/50/100/200/300 observations
   benchmarks/tuner_quality.py --horizon 300 [--family N --moving] [--methods polltuned,random,...] [--json]
-  benchmarks/tuner_quality.py --family N --moving --kernel-compare W   # product vs sum vs no context
+  benchmarks/tuner_quality.py --family N --moving --kernel-compare W [--kernel-variants V]   # optimiser only
 
 ``--horizon N`` runs the daemon's whole cycle for N windows per run (``run_horizon``: engine rounds
 through ``polltuned.engine.driver.drive`` on one window clock; where the engine stops after a round, the
@@ -1014,18 +1014,27 @@ def _kc_task(args: tuple[str, Policy, str, int, int]) -> tuple[str, str, int, di
     return sc_path, variant, seed, kernel_compare_run(sc_path, pol, variant, seed, windows)
 
 
-def kernel_compare(pol: Policy, paths: Sequence[str], seeds: int, windows: int, jobs: int) -> dict[str, Any]:
-    """Product vs sum context kernel vs no context, on the moving-load family (optimiser only)."""
-    variants = ("product", "sum", "none")
+#: the optimiser-only loop's variants (``--kernel-variants``)
+KERNEL_VARIANTS = ("product", "sum", "none")
+
+
+def kernel_compare(pol: Policy, paths: Sequence[str], seeds: int, windows: int, jobs: int,
+                   variants: Sequence[str] = KERNEL_VARIANTS) -> dict[str, Any]:
+    """Product vs sum context kernel vs no context, on the moving-load family (optimiser only): per
+    variant the share of windows after W/3 within 5 % of the current load's optimum, and the share of
+    runs within 5 % at each checkpoint (``HORIZON_AT`` up to W, and W)."""
     tasks = [(p, pol, v, s, windows) for p in paths for v in variants for s in range(seeds)]
     res = _pool_map(_kc_task, tasks, jobs)
+    marks = sorted({c for c in HORIZON_AT if c <= windows} | {windows})
     out: dict[str, Any] = {}
     for v in variants:
         runs = [r for _, vv, _, r in res if vv == v]
         late = [x for r in runs for x in r["excess"][windows // 3:]]
         out[v] = {"runs": len(runs), "within5_share_after_third": sum(1 for x in late if x <= 0.05) / max(1, len(late)),
+                  "within5_at": {str(c): sum(1 for r in runs if r["excess"][c - 1] <= 0.05) / max(1, len(runs))
+                                 for c in marks},
                   "excess_median_after_third": statistics.median(late) if late else None,
-                  "cpu_per_step_s": statistics.median(r["cpu_per_step"] for r in runs)}
+                  "cpu_per_step_s": statistics.median(r["cpu_per_step"] for r in runs) if runs else None}
     return out
 
 
@@ -1051,6 +1060,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="run the daemon's whole cycle for N windows (methods: " + ", ".join(HORIZON_METHODS) + ")")
     ap.add_argument("--kernel-compare", type=int, default=None, metavar="W",
                     help="optimiser only, W windows: product vs sum context kernel vs no context (JSON)")
+    ap.add_argument("--kernel-variants", default=",".join(KERNEL_VARIANTS), metavar="V,...",
+                    help="with --kernel-compare: which of " + ", ".join(KERNEL_VARIANTS) + " to run (default: all)")
     ap.add_argument("--noise-scale", type=float, default=1.0, metavar="S",
                     help="with --horizon and --family: scale the landscapes' window noise by S > 0 (0.05: nearly "
                          "exact windows; what the search reaches when noise is not the limit)")
@@ -1092,7 +1103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not paths:
         ap.error(f"--scenarios: no scenario files in {a.scenarios}")
     if a.kernel_compare is not None:
-        print(json.dumps(kernel_compare(run_pol, paths, a.seeds, a.kernel_compare, a.jobs), indent=1))
+        if a.kernel_compare < 1:
+            ap.error(f"--kernel-compare must be >= 1 (got {a.kernel_compare})")
+        variants = [v for v in a.kernel_variants.split(",") if v]
+        bad_v = [v for v in variants if v not in KERNEL_VARIANTS]
+        if bad_v or not variants:
+            ap.error(f"--kernel-variants: unknown variant {bad_v[0] if bad_v else a.kernel_variants!r} "
+                     f"(choose from {', '.join(KERNEL_VARIANTS)})")
+        print(json.dumps(kernel_compare(run_pol, paths, a.seeds, a.kernel_compare, a.jobs, variants), indent=1))
         return 0
     if a.horizon is not None:
         return main_horizon(a, pol, run_pol, paths)

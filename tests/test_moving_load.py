@@ -337,3 +337,33 @@ def test_every_change_in_force_is_a_deployment_judged_at_its_load() -> None:
     assert s["worse_than_baseline_deployments"] == 2
     assert s["worse_than_baseline_deployments_5pct"] == 1
     assert s["worse_than_baseline_window_share"] == pytest.approx(10 / n)
+
+
+def test_kernel_compare_checkpoints_count_runs_within_5pct_and_variants_filter(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    bench = _bench()
+    # the aggregation, on excess series we choose: run 0 is within 5 % at window 4 only, run 1 at 2 and 4
+    series = {0: [0.5, 0.5, 0.5, 0.01, 0.2, 0.2], 1: [0.2, 0.05, 0.3, 0.04, 0.04, 0.06]}
+    monkeypatch.setattr(bench, "kernel_compare_run", lambda path, pol, variant, seed, windows:
+                        {"excess": series[seed][:windows], "cpu_per_step": 0.1})
+    pol = load_policy("sim-default")
+    out = bench.kernel_compare(pol, ["family-moving:5:0"], 2, 6, 1, ("product",))
+    assert set(out) == {"product"}
+    d = out["product"]
+    assert d["runs"] == 2
+    assert d["within5_at"] == {"6": 0.0}                 # 50 and later lie beyond 6 windows; W itself counts
+    # windows 2..5 (after W/3): 0.5 0.01 0.2 0.2 | 0.3 0.04 0.04 0.06 -> 3 of 8 within 5 %
+    assert d["within5_share_after_third"] == pytest.approx(3 / 8)
+    monkeypatch.undo()
+    # the real loop through the CLI, one variant only
+    rc = bench.main(["--family", "1", "--moving", "--family-seed", "5", "--seeds", "1", "--kernel-compare", "8",
+                     "--kernel-variants", "product", "--jobs", "1"])
+    assert rc == 0
+    got = json.loads(capsys.readouterr().out)
+    assert set(got) == {"product"} and got["product"]["runs"] == 1
+    assert set(got["product"]["within5_at"]) == {"8"} and got["product"]["within5_at"]["8"] in (0.0, 1.0)
+    with pytest.raises(SystemExit):
+        bench.main(["--family", "1", "--moving", "--kernel-compare", "8", "--kernel-variants", "bogus"])
+    assert "unknown variant 'bogus'" in capsys.readouterr().err
