@@ -1034,7 +1034,7 @@ def kernel_compare(pol: Policy, paths: Sequence[str], seeds: int, windows: int, 
                   "within5_at": {str(c): sum(1 for r in runs if r["excess"][c - 1] <= 0.05) / max(1, len(runs))
                                  for c in marks},
                   "excess_median_after_third": statistics.median(late) if late else None,
-                  "cpu_per_step_s": statistics.median(r["cpu_per_step"] for r in runs) if runs else None}
+                  "cpu_per_step_s": statistics.median(r["cpu_per_step"] for r in runs)}
     return out
 
 
@@ -1106,10 +1106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.kernel_compare < 1:
             ap.error(f"--kernel-compare must be >= 1 (got {a.kernel_compare})")
         variants = [v for v in a.kernel_variants.split(",") if v]
-        bad_v = [v for v in variants if v not in KERNEL_VARIANTS]
-        if bad_v or not variants:
-            ap.error(f"--kernel-variants: unknown variant {bad_v[0] if bad_v else a.kernel_variants!r} "
-                     f"(choose from {', '.join(KERNEL_VARIANTS)})")
+        for v in variants or [a.kernel_variants]:
+            if v not in KERNEL_VARIANTS:
+                ap.error(f"--kernel-variants: unknown variant {v!r} (choose from {', '.join(KERNEL_VARIANTS)})")
         print(json.dumps(kernel_compare(run_pol, paths, a.seeds, a.kernel_compare, a.jobs, variants), indent=1))
         return 0
     if a.horizon is not None:

@@ -14,11 +14,7 @@ from benchmarks._load import load
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _mod() -> Any:
-    return load("decisions")
-
-
-D = _mod()
+D: Any = load("decisions")
 
 
 @pytest.mark.parametrize("why, label", [

@@ -112,16 +112,10 @@ def test_moving_names_parse_or_fail_clearly() -> None:
         make_moving_landscape(-1, 0)
 
 
-def _bench():  # benchmarks/tuner_quality.py as a module
-    import importlib.util
-    from pathlib import Path
+def _bench():  # benchmarks/tuner_quality.py as a module (one per process, shared with the other scripts)
+    from benchmarks._load import load
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tuner_quality.py"
-    spec = importlib.util.spec_from_file_location("pt_tuner_quality_h", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("tuner_quality")
 
 
 def test_horizon_json_per_scenario_and_method(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,12 +19,11 @@ POLICY = ROOT / "policies" / "sim-default.toml"
 SCEN = "family-moving:8117:25"   # quiet: busy_read ~30 plus timer_migration = 0 (7.6 %) within 5 %
 
 
-def _mod() -> Any:
-    return load("resolvability")
+R: Any = load("resolvability")
 
 
 def test_windows_to_show_is_the_design_formula() -> None:
-    r = _mod()
+    r = R
     d, sd = math.log(1.10), 0.2
     assert r.windows_to_show(d, sd, 0.5) == pytest.approx(1.6448536 ** 2 * 0.04 / d ** 2, rel=1e-6)
     assert r.windows_to_show(d, sd, 0.8) == pytest.approx((1.6448536 + 0.8416212) ** 2 * 0.04 / d ** 2, rel=1e-6)
@@ -35,7 +34,7 @@ def test_windows_to_show_is_the_design_formula() -> None:
 
 
 def test_minimal_configuration_is_within_5_pct_and_cannot_lose_another_knob() -> None:
-    r = _mod()
+    r = R
     pol = load_policy(str(POLICY))
     space, base = Space.from_policy(pol), default_config(pol)
     sc = r.TQ.load_scenario(SCEN)
@@ -52,7 +51,7 @@ def test_minimal_configuration_is_within_5_pct_and_cannot_lose_another_knob() ->
 
 
 def test_load_need_scales_with_the_window_noise() -> None:
-    r = _mod()
+    r = R
     pol = load_policy(str(POLICY))
     one = r.load_need(r.TQ.scenario_with_noise(SCEN, 1.0), pol, 0, 0.8)
     two = r.load_need(r.TQ.scenario_with_noise(SCEN, 2.0), pol, 0, 0.8)
@@ -65,7 +64,7 @@ def test_load_need_scales_with_the_window_noise() -> None:
 
 
 def test_summary_and_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    r = _mod()
+    r = R
     no_gain = {"need_windows": 0.0, "needed": {}}
     hard = {"need_windows": 50.0, "needed": {"(gain)": {"effect": 0.3, "windows": 2.0},
                                               "k": {"effect": 0.06, "windows": 50.0}}}
