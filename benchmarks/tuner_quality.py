@@ -68,7 +68,8 @@ of the optimum of that window's load — no holding or confirmation rule can do 
 coverage) and, per load, ``space_within5`` (the share of uniformly drawn configurations within 5 % of
 its optimum: how small the target is). ``--noise-scale S`` (family landscapes only, S > 0) scales the
 window noise (CV, outlier probability, CPU noise) by S: at 0.05 the windows are nearly exact, which
-shows what the search reaches when noise is not the limit. Methods: ``polltuned`` (contextual GP,
+shows what the search reaches when noise is not the limit. ``--explore-share X`` (0..0.5) sets the
+policy's ``hold.explore_share``: how much more learning while holding buys. Methods: ``polltuned`` (contextual GP,
 product kernel), ``polltuned-sum``, ``polltuned-nocontext`` (the context hidden), ``random``.
 ``--moving`` takes the moving-load family (``family-moving:SEED:INDEX``) for ``--family``.
 
@@ -968,15 +969,21 @@ def main_horizon(a: argparse.Namespace, pol: Policy, run_pol: Policy, paths: Seq
     elapsed = time.monotonic() - t0
     if a.json:
         print(json.dumps({"horizon": a.horizon, "seeds": a.seeds, "methods": methods, "elapsed_s": elapsed,
-                          "noise_scale": a.noise_scale,
+                          "noise_scale": a.noise_scale, "explore_share": run_pol.hold.explore_share,
                           "no_seeds": a.no_seeds, "scenarios": summaries, "aggregate": agg}, indent=1, default=str))
     else:
         print(f"tuner quality, horizon {a.horizon} windows: {len(paths)} scenarios x {a.seeds} seeds x "
               f"{len(methods)} methods, policy seeds {'removed' if a.no_seeds else 'as given'}, "
-              + (f"window noise x{a.noise_scale:g}, " if a.noise_scale != 1.0 else "") + f"{elapsed:.0f} s\n")
+              + (f"window noise x{a.noise_scale:g}, " if a.noise_scale != 1.0 else "")
+              + f"hold.explore_share {run_pol.hold.explore_share:g}, {elapsed:.0f} s\n")
         print(horizon_table(summaries, agg))
     return 0
 
+
+
+def with_explore_share(pol: Policy, share: float) -> Policy:
+    """``pol`` with ``hold.explore_share`` = ``share`` (the range is checked by the command line)."""
+    return pol.model_copy(update={"hold": pol.hold.model_copy(update={"explore_share": share})})
 
 
 def kernel_compare_run(sc_path: str, pol: Policy, variant: str, seed: int, windows: int) -> dict[str, Any]:
@@ -1065,6 +1072,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--noise-scale", type=float, default=1.0, metavar="S",
                     help="with --horizon and --family: scale the landscapes' window noise by S > 0 (0.05: nearly "
                          "exact windows; what the search reaches when noise is not the limit)")
+    ap.add_argument("--explore-share", type=float, default=None, metavar="X",
+                    help="with --horizon: the policy's hold.explore_share set to X (0..0.5): the share of HOLD "
+                         "windows that may measure challengers (does more learning while holding close the gap?)")
     ap.add_argument("--moving", action="store_true",
                     help="with --family: the moving-load family (family-moving:SEED:INDEX)")
     a = ap.parse_args(argv)
@@ -1086,8 +1096,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--noise-scale must be a finite number > 0 (got {a.noise_scale})")
     if a.noise_scale != 1.0 and (a.horizon is None or a.family is None):
         ap.error("--noise-scale works with --horizon and --family only")
+    if a.explore_share is not None:
+        if a.horizon is None:
+            ap.error("--explore-share works with --horizon only")
+        if not (math.isfinite(a.explore_share) and 0.0 <= a.explore_share <= 0.5):
+            ap.error(f"--explore-share must be a number in 0..0.5 (got {a.explore_share})")
     pol = load_policy(a.policy)
     run_pol = strip_seeds(pol) if a.no_seeds else pol
+    if a.explore_share is not None:
+        run_pol = with_explore_share(run_pol, a.explore_share)
     if a.family is not None:
         if a.family < 1 or a.family_seed < 0:
             ap.error(f"--family must be >= 1 and --family-seed >= 0 (got {a.family}, {a.family_seed})")

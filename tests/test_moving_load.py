@@ -361,3 +361,35 @@ def test_kernel_compare_checkpoints_count_runs_within_5pct_and_variants_filter(
     with pytest.raises(SystemExit):
         bench.main(["--family", "1", "--moving", "--kernel-compare", "8", "--kernel-variants", "bogus"])
     assert "unknown variant 'bogus'" in capsys.readouterr().err
+
+
+def test_explore_share_reaches_the_daemon_cycle_and_is_checked(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--explore-share X`` runs the horizon with the policy's hold.explore_share = X (every run
+    sees it, the JSON says it); outside --horizon or outside 0..0.5 it is a usage error."""
+    import json
+
+    bench = _bench()
+    seen: list[float] = []
+    real = bench.run_horizon
+
+    def spy(sc_path, pol, method, seed, horizon, noise_scale=1.0):  # type: ignore[no-untyped-def]
+        seen.append(pol.hold.explore_share)
+        return real(sc_path, pol, method, seed, horizon, noise_scale)
+
+    monkeypatch.setattr(bench, "run_horizon", spy)
+    rc = bench.main(["--horizon", "60", "--family", "1", "--moving", "--family-seed", "5", "--seeds", "1",
+                     "--methods", "polltuned", "--explore-share", "0.5", "--jobs", "1", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert seen == [0.5] and out["explore_share"] == 0.5
+    pol = load_policy("sim-default")
+    q = bench.with_explore_share(pol, 0.2)
+    assert q.hold.explore_share == 0.2 and pol.hold.explore_share == 0.05
+    assert q.model_dump()["knobs"] == pol.model_dump()["knobs"] and q.confirm == pol.confirm
+    for bad, why in ((["--horizon", "40", "--explore-share", "0.6"], "0..0.5"),
+                     (["--horizon", "40", "--explore-share", "nan"], "0..0.5"),
+                     (["--explore-share", "0.2"], "with --horizon only")):
+        with pytest.raises(SystemExit):
+            bench.main(["--family", "1", "--moving", *bad])
+        assert why in capsys.readouterr().err
