@@ -69,8 +69,8 @@ coverage) and, per load, ``space_within5`` (the share of uniformly drawn configu
 its optimum: how small the target is). ``--noise-scale S`` (family landscapes only, S > 0) scales the
 window noise (CV, outlier probability, CPU noise) by S: at 0.05 the windows are nearly exact, which
 shows what the search reaches when noise is not the limit. ``--explore-share X`` (0..0.5) sets the
-policy's ``hold.explore_share``: how much more learning while holding buys. Methods: ``polltuned`` (contextual GP,
-product kernel), ``polltuned-sum``, ``polltuned-nocontext`` (the context hidden), ``random``.
+policy's ``hold.explore_share``: how much more learning while holding buys. Methods: ``polltuned``
+(contextual GP, product kernel), ``polltuned-sum``, ``polltuned-nocontext`` (the context hidden), ``random``.
 ``--moving`` takes the moving-load family (``family-moving:SEED:INDEX``) for ``--family``.
 
 ``--family N`` runs landscapes 0..N-1 of the random scenario family S (polltuned.worlds.family,
@@ -100,6 +100,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+
+from pydantic import ValidationError  # noqa: E402
 
 from polltuned.clock import FakeClock  # noqa: E402
 from polltuned.engine.core import Engine  # noqa: E402
@@ -982,8 +984,10 @@ def main_horizon(a: argparse.Namespace, pol: Policy, run_pol: Policy, paths: Seq
 
 
 def with_explore_share(pol: Policy, share: float) -> Policy:
-    """``pol`` with ``hold.explore_share`` = ``share`` (the range is checked by the command line)."""
-    return pol.model_copy(update={"hold": pol.hold.model_copy(update={"explore_share": share})})
+    """``pol`` with ``hold.explore_share`` = ``share``, checked by the policy schema's own rule
+    (pydantic.ValidationError outside it)."""
+    hold = type(pol.hold).model_validate({**pol.hold.model_dump(), "explore_share": share})
+    return pol.model_copy(update={"hold": hold})
 
 
 def kernel_compare_run(sc_path: str, pol: Policy, variant: str, seed: int, windows: int) -> dict[str, Any]:
@@ -1096,15 +1100,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--noise-scale must be a finite number > 0 (got {a.noise_scale})")
     if a.noise_scale != 1.0 and (a.horizon is None or a.family is None):
         ap.error("--noise-scale works with --horizon and --family only")
-    if a.explore_share is not None:
-        if a.horizon is None:
-            ap.error("--explore-share works with --horizon only")
-        if not (math.isfinite(a.explore_share) and 0.0 <= a.explore_share <= 0.5):
-            ap.error(f"--explore-share must be a number in 0..0.5 (got {a.explore_share})")
+    if a.explore_share is not None and a.horizon is None:
+        ap.error("--explore-share works with --horizon only")
     pol = load_policy(a.policy)
     run_pol = strip_seeds(pol) if a.no_seeds else pol
     if a.explore_share is not None:
-        run_pol = with_explore_share(run_pol, a.explore_share)
+        try:
+            run_pol = with_explore_share(run_pol, a.explore_share)
+        except ValidationError as e:
+            ap.error(f"--explore-share {a.explore_share}: hold.explore_share: {e.errors()[0]['msg']}")
     if a.family is not None:
         if a.family < 1 or a.family_seed < 0:
             ap.error(f"--family must be >= 1 and --family-seed >= 0 (got {a.family}, {a.family_seed})")
