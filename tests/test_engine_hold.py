@@ -608,6 +608,34 @@ def test_a_decision_for_a_load_that_left_is_filed_for_it_and_not_put_in_force() 
         assert WindowKind.CHALLENGE not in env.kinds[n0:]
 
 
+def test_a_decision_made_in_the_window_the_load_left_is_filed_for_its_load_and_not_put_in_force() -> None:
+    """The load moves to shared in the last window of the first confirmation (its last B window):
+    too soon for a cut (that takes ``hold.switch_windows`` windows at the new load), so the
+    comparison decides as it stands. Busy polling is filed for split's region, but the host runs
+    the originals at shared (before: busy polling went in force there for the windows until the
+    region rules moved, several times worse than the defaults: family-moving:8117:0)."""
+    p = policy()
+    probe_env = FlipEnv(p)
+    probe = following(p, probe_env)
+    hold_windows_until_hold(probe, probe_env, [])
+    n = probe_env.kinds.count(WindowKind.CONFIRM)
+    assert probe.state.hold is not None and busy(probe_env.config), "split's first decision deploys busy polling"
+    env = FlipEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    while env.kinds.count(WindowKind.CONFIRM) < n - 1:
+        run_until(e, env, 1, events)
+    env.load = "shared"
+    while e.state.hold is None:
+        run_until(e, env, 1, events)
+    h = e.state.hold
+    assert env.kinds.count(WindowKind.CONFIRM) == n, "the same comparison, as long (not cut)"
+    filed = [en for en in h.table.values() if not en.is_originals]
+    assert len(filed) == 1 and busy(filed[0].config), h.table
+    assert not busy(env.config), "busy polling put in force at the shared load"
+    assert h.active is not None and h.active.is_originals and h.active.region != filed[0].region
+
+
 def test_a_challenger_never_starts_in_the_window_the_load_arrives_from_another_region() -> None:
     """Credit for a challenger is there when the load moves: the first windows at the new load are
     the region rules' (a switch or a search), never a challenger measured against the entry of the

@@ -950,11 +950,14 @@ class Engine:
         return Phase.HOLD
 
     def _left(self, c: Compared) -> bool:
-        """Following the load: a comparison a load change cut, whose load has gone. Its decision
-        belongs to the region of its own load; put in force now, it would run on another load (a
-        busy-polling win on a quiet load, 3x worse the moment the CPU is shared)."""
+        """Following the load: a comparison whose load has gone by the time it decides — cut by a
+        load change, or ended in the very window the load changed (too soon to cut it: the last
+        window alone is at another load). Its decision belongs to the region of its own load; put in
+        force now, it would run on another load (a busy-polling win on a quiet load, 3x worse the
+        moment the CPU is shared). The originals are in force instead until the region rules switch
+        to the load's own entry (or search it)."""
         st = self.state
-        return (c.cut and st.follow and c.load is not None and bool(log_context(c.load))
+        return (st.follow and c.load is not None and bool(log_context(c.load))
                 and bool(log_context(st.context)) and self._far(st.context, c.load))
 
     def _originals_for_the_load_now(self) -> None:
