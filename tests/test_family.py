@@ -206,7 +206,8 @@ def test_tuner_quality_family_json_has_the_aggregate(capsys: pytest.CaptureFixtu
         a = agg["methods"][m]
         assert a["runs"] == 2
         for key in ("regret_deployed_median", "regret_deployed_p90", "within5_frac", "cum_regret_median",
-                    "breaches_mean", "worse_than_baseline", "kept_flat_frac", "excess_median", "excess_p90"):
+                    "breaches_mean", "worse_than_baseline", "kept_flat_frac", "excess_median", "excess_p90",
+                    "evaluated5_frac"):
             assert key in a
     assert any(line.startswith(("PASS", "FAIL")) and "worse-than-baseline" in line for line in out["aggregate_targets"])
     assert "per_run" not in out["scenarios"][0]["methods"]["polltuned"]
@@ -219,12 +220,15 @@ def test_aggregate_and_targets_on_made_up_summaries() -> None:
         return {"scenario": name, "gain_available": gain, "effect": gain >= 0.05, "nonstationary": False,
                 "methods": {m: {"per_run": r} for m, r in runs.items()}}
 
-    def runs(reg: list[float], within: list[bool], kept: list[bool], worse: list[bool]) -> dict[str, list[object]]:
+    def runs(reg: list[float], within: list[bool], kept: list[bool], worse: list[bool],
+             evaluated: list[bool] | None = None) -> dict[str, list[object]]:
         return {"regret_deployed": list(reg), "excess": [r * 0.1 for r in reg], "within5": list(within),
+                "evaluated5": list(within if evaluated is None else evaluated),
                 "cum_regret": [3.0] * len(reg), "breaches": [1] * len(reg), "worse": list(worse), "kept": list(kept)}
 
     s = [summ("big", 0.5, {"polltuned": runs([0.0, 0.1], [True, True], [False, False], [False, False]),
-                           "random": runs([0.4, 0.6], [False, False], [False, False], [False, False])}),
+                           "random": runs([0.4, 0.6], [False, False], [False, False], [False, False],
+                                          evaluated=[True, False])}),
          summ("flat", 0.01, {"polltuned": runs([1.0, 1.0], [True, True], [True, True], [False, False]),
                              "random": runs([3.0, 1.0], [False, True], [False, True], [True, False])})]
     agg = bench.aggregate(s)
@@ -233,6 +237,9 @@ def test_aggregate_and_targets_on_made_up_summaries() -> None:
     assert pt["regret_deployed_median"] == pytest.approx(0.05)  # flat landscapes are judged by "kept"
     assert rnd["regret_deployed_median"] == pytest.approx(0.5)
     assert pt["within5_frac"] == 1.0 and rnd["within5_frac"] == 0.0
+    # the search's coverage is counted on the same runs (landscapes with >= 10 % gain) and apart
+    # from the pick: random measured a configuration within 5 % in one run but deployed it in none
+    assert pt["evaluated5_frac"] == 1.0 and rnd["evaluated5_frac"] == 0.5
     assert pt["kept_flat_frac"] == 1.0 and rnd["kept_flat_frac"] == 0.5
     assert rnd["worse_than_baseline"] == 1 and pt["worse_than_baseline"] == 0
     lines = bench.check_aggregate(agg, "test")
