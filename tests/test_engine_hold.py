@@ -654,3 +654,38 @@ def test_a_challenger_never_starts_in_the_window_the_load_arrives_from_another_r
             break
     assert h.searching is not None or 1 in h.table, "the shared load got neither a search nor an entry"
     assert WindowKind.CHALLENGE not in env.kinds[n0:], env.kinds[n0:]
+
+
+def test_a_challenger_cut_by_a_load_change_leaves_the_originals_in_force_not_the_old_loads_entry() -> None:
+    """The load moves to shared in the middle of a challenger against split's entry (busy polling).
+    The comparison is cut and the challenger has not won; split's entry stays split's, but the host
+    must not go back to busy polling at the shared load, where it is several times worse than the
+    defaults: the originals are in force until the region rules switch or search (before: the
+    active entry went back in force for the windows until they did)."""
+    p = policy(explore_share=0.5)
+    env, e, events = in_hold(p)
+    h = e.state.hold
+    assert h is not None and h.active is not None and busy(h.active.config), "split deploys busy polling"
+    entry = h.active
+    for _ in range(200):
+        run_until(e, env, 1, events)
+        if env.kinds[-1] is WindowKind.CHALLENGE:
+            break
+    assert env.kinds[-1] is WindowKind.CHALLENGE, "no challenger at explore_share 0.5"
+    run_until(e, env, 1, events)   # the challenger's pairs go on on split ...
+    env.load = "shared"            # ... and the load moves while it runs
+    after: list[tuple[WindowKind, bool]] = []
+    for _ in range(40):
+        act = e.next_action()
+        events += e.drain_events()
+        if isinstance(act, Measure):
+            env.kinds.append(act.kind)
+            if act.kind is not WindowKind.CHALLENGE or after:
+                after.append((act.kind, busy(env.config)))
+        perform(e, env, act)
+        if len(after) >= 3:
+            break
+    msgs = [ev.message for ev in events if ev.kind is EventKind.CHALLENGE]
+    assert msgs and msgs[-1].startswith("challenger lost"), msgs[-3:]
+    assert h.table[entry.region].config == entry.config, "split's entry is still split's"
+    assert after and not any(b for kind, b in after if kind is WindowKind.HOLD), after

@@ -1140,17 +1140,24 @@ class Engine:
         h.fallbacks += 1
         if st.stop:
             return
+        # the load left during the check: the entry stays its region's, but the originals are in
+        # force at the load now until the region rules switch to its entry or search it
+        left = self._left(c)
         if c.cut and not verdict.deploy:
             # the load moved on during the check: the region rules decide what the new load gets
-            yield from self._put_back(active.config, WindowKind.FALLBACK)
+            yield from self._put_back(st.baseline if left else active.config, WindowKind.FALLBACK)
             h.bad_streak = 0
-            h.note(st.index, "fallback check cut by a load change: the active entry stays for now")
+            h.note(st.index, "fallback check cut by a load change: the active entry stays its region's")
+            if left:
+                self._originals_for_the_load_now()
             return
         if verdict.deploy:
-            yield from self._put_back(active.config, WindowKind.FALLBACK)
+            yield from self._put_back(st.baseline if left else active.config, WindowKind.FALLBACK)
             h.level, h.bad_streak = mean_log(b), 0
             h.note(st.index, f"fallback check: the active entry still wins ({verdict.reason})")
             self._emit(Phase.HOLD, "the active entry still beats the originals: kept", kind=EventKind.KEEP)
+            if left:
+                self._originals_for_the_load_now()
             return
         orig = Entry(h.region, dict(st.baseline), 0.0, math.nan, mean_log(a) if a else math.nan,
                      len(a) + len(b), st.index, f"fell back at window {st.index}: {verdict.reason}",
@@ -1242,12 +1249,17 @@ class Engine:
             if left:
                 self._originals_for_the_load_now()
             return
-        yield from self._put_back(active.config, WindowKind.HOLD)
+        # the entry stays its region's; when the load left during the comparison it is not put back
+        # in force at the load now (the entry of another load: busy polling at a shared CPU)
+        left = not st.stop and self._left(c)
+        yield from self._put_back(st.baseline if left else active.config, WindowKind.HOLD)
         if st.stop:   # the verdict of an unfinished comparison is not a decision
             self._emit(Phase.HOLD, "challenger not decided: stopping (the active entry stays)",
                        kind=EventKind.CHALLENGE)
             return
         self._emit(Phase.HOLD, "challenger lost: " + verdict.reason, kind=EventKind.CHALLENGE)
+        if left:
+            self._originals_for_the_load_now()
 
     def hold_status(self) -> dict[str, object]:
         """HOLD as status shows it: the load now, the table (active marked, why), exploration."""
