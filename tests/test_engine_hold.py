@@ -689,3 +689,55 @@ def test_a_challenger_cut_by_a_load_change_leaves_the_originals_in_force_not_the
     assert msgs and msgs[-1].startswith("challenger lost"), msgs[-3:]
     assert h.table[entry.region].config == entry.config, "split's entry is still split's"
     assert after and not any(b for kind, b in after if kind is WindowKind.HOLD), after
+
+
+class SlowSplitEnv(FlipEnv):
+    """FlipEnv with a third load, "slow": split's world and split's context, every window 3x
+    slower (something the counters do not see slowed the whole service down)."""
+
+    def measure(self, window_index: int) -> Window:
+        if self.load != "slow":
+            return super().measure(window_index)
+        self.load = "split"
+        try:
+            w = super().measure(window_index)
+        finally:
+            self.load = "slow"
+        return replace(w, latency={k: v * 3.0 for k, v in w.latency.items()}, histogram=None)
+
+
+def test_a_fallback_check_cut_by_a_load_change_leaves_the_originals_in_force_not_the_old_loads_entry() -> None:
+    """Split's entry (busy polling) gets slow while the counters still say split: a fallback check
+    starts. The load then moves to shared, which the counters do see, and the check is cut. The
+    entry stays split's, but the host must not go back to busy polling at shared: the originals are
+    in force until the region rules switch or search."""
+    p = policy()
+    env = SlowSplitEnv(p)
+    e = following(p, env)
+    events: list[Event] = []
+    hold_windows_until_hold(e, env, events)
+    h = e.state.hold
+    assert h is not None and h.active is not None and busy(h.active.config), "split deploys busy polling"
+    entry = h.active
+    env.load = "slow"
+    for _ in range(30):
+        run_until(e, env, 1, events)
+        if env.kinds[-1] is WindowKind.FALLBACK:
+            break
+    assert env.kinds[-1] is WindowKind.FALLBACK, "no fallback check when the entry got slow"
+    run_until(e, env, 1, events)
+    env.load = "shared"
+    after: list[tuple[WindowKind, bool]] = []
+    for _ in range(40):
+        act = e.next_action()
+        events += e.drain_events()
+        if isinstance(act, Measure):
+            env.kinds.append(act.kind)
+            if act.kind is not WindowKind.FALLBACK or after:
+                after.append((act.kind, busy(env.config)))
+        perform(e, env, act)
+        if len(after) >= 3:
+            break
+    assert any("fallback check cut by a load change" in str(n["what"]) for n in h.log), h.log
+    assert h.table[entry.region].config == entry.config, "split's entry is still split's"
+    assert after and not any(b for kind, b in after if kind is WindowKind.HOLD), after
