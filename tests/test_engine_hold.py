@@ -656,6 +656,33 @@ def test_a_challenger_never_starts_in_the_window_the_load_arrives_from_another_r
     assert WindowKind.CHALLENGE not in env.kinds[n0:], env.kinds[n0:]
 
 
+def until_kind(engine: Engine, env: FlipEnv, events: list[Event], kind: WindowKind, limit: int) -> None:
+    """Windows until one of ``kind`` has been measured (at most ``limit``)."""
+    for _ in range(limit):
+        run_until(engine, env, 1, events)
+        if env.kinds[-1] is kind:
+            return
+    raise AssertionError(f"no {kind.value} window in {limit} windows")
+
+
+def windows_after(engine: Engine, env: FlipEnv, events: list[Event], kind: WindowKind,
+                  n: int = 3) -> list[tuple[WindowKind, bool]]:
+    """The ``n`` windows measured after the running comparison of ``kind`` ends: each window's kind
+    and whether busy polling was in force while it was measured."""
+    after: list[tuple[WindowKind, bool]] = []
+    for _ in range(40):
+        act = engine.next_action()
+        events += engine.drain_events()
+        if isinstance(act, Measure):
+            env.kinds.append(act.kind)
+            if act.kind is not kind or after:
+                after.append((act.kind, busy(env.config)))
+        perform(engine, env, act)
+        if len(after) >= n:
+            break
+    return after
+
+
 def test_a_challenger_cut_by_a_load_change_leaves_the_originals_in_force_not_the_old_loads_entry() -> None:
     """The load moves to shared in the middle of a challenger against split's entry (busy polling).
     The comparison is cut and the challenger has not won; split's entry stays split's, but the host
@@ -667,24 +694,10 @@ def test_a_challenger_cut_by_a_load_change_leaves_the_originals_in_force_not_the
     h = e.state.hold
     assert h is not None and h.active is not None and busy(h.active.config), "split deploys busy polling"
     entry = h.active
-    for _ in range(200):
-        run_until(e, env, 1, events)
-        if env.kinds[-1] is WindowKind.CHALLENGE:
-            break
-    assert env.kinds[-1] is WindowKind.CHALLENGE, "no challenger at explore_share 0.5"
+    until_kind(e, env, events, WindowKind.CHALLENGE, 200)
     run_until(e, env, 1, events)   # the challenger's pairs go on on split ...
     env.load = "shared"            # ... and the load moves while it runs
-    after: list[tuple[WindowKind, bool]] = []
-    for _ in range(40):
-        act = e.next_action()
-        events += e.drain_events()
-        if isinstance(act, Measure):
-            env.kinds.append(act.kind)
-            if act.kind is not WindowKind.CHALLENGE or after:
-                after.append((act.kind, busy(env.config)))
-        perform(e, env, act)
-        if len(after) >= 3:
-            break
+    after = windows_after(e, env, events, WindowKind.CHALLENGE)
     msgs = [ev.message for ev in events if ev.kind is EventKind.CHALLENGE]
     assert msgs and msgs[-1].startswith("challenger lost"), msgs[-3:]
     assert h.table[entry.region].config == entry.config, "split's entry is still split's"
@@ -720,24 +733,10 @@ def test_a_fallback_check_cut_by_a_load_change_leaves_the_originals_in_force_not
     assert h is not None and h.active is not None and busy(h.active.config), "split deploys busy polling"
     entry = h.active
     env.load = "slow"
-    for _ in range(30):
-        run_until(e, env, 1, events)
-        if env.kinds[-1] is WindowKind.FALLBACK:
-            break
-    assert env.kinds[-1] is WindowKind.FALLBACK, "no fallback check when the entry got slow"
+    until_kind(e, env, events, WindowKind.FALLBACK, 30)
     run_until(e, env, 1, events)
     env.load = "shared"
-    after: list[tuple[WindowKind, bool]] = []
-    for _ in range(40):
-        act = e.next_action()
-        events += e.drain_events()
-        if isinstance(act, Measure):
-            env.kinds.append(act.kind)
-            if act.kind is not WindowKind.FALLBACK or after:
-                after.append((act.kind, busy(env.config)))
-        perform(e, env, act)
-        if len(after) >= 3:
-            break
+    after = windows_after(e, env, events, WindowKind.FALLBACK)
     assert any("fallback check cut by a load change" in str(n["what"]) for n in h.log), h.log
     assert h.table[entry.region].config == entry.config, "split's entry is still split's"
     assert after and not any(b for kind, b in after if kind is WindowKind.HOLD), after

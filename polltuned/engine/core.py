@@ -974,6 +974,15 @@ class Engine:
         self._emit(Phase.HOLD, f"the load is now in region {region}: the originals are in force until its "
                                "entry or a search takes over", kind=EventKind.SWITCH)
 
+    def _entry_back(self, entry: Entry, kind: WindowKind, left: bool) -> Steps[None]:
+        """After a comparison that leaves ``entry`` its region's (a challenger lost, a fallback
+        check kept it or was cut): the entry goes back in force, unless the load left during the
+        comparison. Then the entry of another load (busy polling at a shared CPU) would run at the
+        load now: the originals are in force instead, as after a decision (_left)."""
+        yield from self._put_back(self.state.baseline if left else entry.config, kind)
+        if left:
+            self._originals_for_the_load_now()
+
     def _search_region(self, h: HoldState) -> int:
         """The region of the first search's decision when no comparison measured it: the region
         most of the search's windows were measured in (the latest of a tie). The load at the moment
@@ -1140,24 +1149,17 @@ class Engine:
         h.fallbacks += 1
         if st.stop:
             return
-        # the load left during the check: the entry stays its region's, but the originals are in
-        # force at the load now until the region rules switch to its entry or search it
-        left = self._left(c)
         if c.cut and not verdict.deploy:
             # the load moved on during the check: the region rules decide what the new load gets
-            yield from self._put_back(st.baseline if left else active.config, WindowKind.FALLBACK)
             h.bad_streak = 0
             h.note(st.index, "fallback check cut by a load change: the active entry stays its region's")
-            if left:
-                self._originals_for_the_load_now()
+            yield from self._entry_back(active, WindowKind.FALLBACK, self._left(c))
             return
         if verdict.deploy:
-            yield from self._put_back(st.baseline if left else active.config, WindowKind.FALLBACK)
             h.level, h.bad_streak = mean_log(b), 0
             h.note(st.index, f"fallback check: the active entry still wins ({verdict.reason})")
             self._emit(Phase.HOLD, "the active entry still beats the originals: kept", kind=EventKind.KEEP)
-            if left:
-                self._originals_for_the_load_now()
+            yield from self._entry_back(active, WindowKind.FALLBACK, self._left(c))
             return
         orig = Entry(h.region, dict(st.baseline), 0.0, math.nan, mean_log(a) if a else math.nan,
                      len(a) + len(b), st.index, f"fell back at window {st.index}: {verdict.reason}",
@@ -1249,17 +1251,13 @@ class Engine:
             if left:
                 self._originals_for_the_load_now()
             return
-        # the entry stays its region's; when the load left during the comparison it is not put back
-        # in force at the load now (the entry of another load: busy polling at a shared CPU)
-        left = not st.stop and self._left(c)
-        yield from self._put_back(st.baseline if left else active.config, WindowKind.HOLD)
         if st.stop:   # the verdict of an unfinished comparison is not a decision
+            yield from self._put_back(active.config, WindowKind.HOLD)
             self._emit(Phase.HOLD, "challenger not decided: stopping (the active entry stays)",
                        kind=EventKind.CHALLENGE)
             return
         self._emit(Phase.HOLD, "challenger lost: " + verdict.reason, kind=EventKind.CHALLENGE)
-        if left:
-            self._originals_for_the_load_now()
+        yield from self._entry_back(active, WindowKind.HOLD, self._left(c))
 
     def hold_status(self) -> dict[str, object]:
         """HOLD as status shows it: the load now, the table (active marked, why), exploration."""
