@@ -43,6 +43,7 @@ Usage:
                               [--no-seeds] [--per-landscape | --no-per-landscape] [--jobs N] [--json] [--quick]
   benchmarks/tuner_quality.py --cost     # optimiser CPU per step at 10/50/100/200/300 observations
   benchmarks/tuner_quality.py --horizon 300 [--family N --moving] [--methods polltuned,random,...] [--json]
+  benchmarks/tuner_quality.py --horizon 300 --family N --moving --methods oracle-pick,oracle-measured   # ceilings
   benchmarks/tuner_quality.py --family N --moving --kernel-compare W [--kernel-variants V]   # optimiser only
 
 ``--horizon N`` runs the daemon's whole cycle for N windows per run (``run_horizon``: engine rounds
@@ -496,6 +497,19 @@ def _pool_map(fn: Any, items: Sequence[Any], jobs: int) -> list[Any]:
 #: sum kernel, the same with the context hidden from it, and random search in the same cycle
 HORIZON_METHODS = {"polltuned": ("skopt", "product", True), "polltuned-sum": ("skopt", "sum", True),
                    "polltuned-nocontext": ("skopt", "product", False), "random": ("random", "product", True)}
+#: diagnostics, not tuners (--horizon only): the daemon's own cycle — its searches, confirmations,
+#: HOLD, switches and challengers unchanged — with the decision's pick replaced by what only the world
+#: knows. ``oracle-pick``: the true optimum of the load the decision is for (a perfect search and
+#: pick: what the confirm/hold machinery alone allows); ``oracle-measured``: of the configurations
+#: the engine measured at that load, the one with the best true J, when it is truly at least
+#: MIN_ORACLE_GAIN better than the originals (a perfect pick rule over what the search measured).
+#: Both deploy the pick as it is (no simplification, no model veto); ``oracle-pick-simplified``
+#: gives the optimum to the engine's own simplification and model check (``Engine._simplify``,
+#: ``_predicted_too_little``) before the confirmation: what those steps cost a perfect pick.
+ORACLE_METHODS = {"oracle-pick": ("optimum", True), "oracle-measured": ("measured", True),
+                  "oracle-pick-simplified": ("optimum", False)}
+HORIZON_METHODS.update({m: ("skopt", "product", True) for m in ORACLE_METHODS})
+MIN_ORACLE_GAIN = 0.05
 HORIZON_AT = (50, 150, 300, 600, 1000)
 #: today's HOLD drift rule, emulated while the engine has no HOLD cycle of its own: a context signal
 #: more than 30 % away from its value at deployment for 3 windows in a row starts a re-tune
@@ -588,7 +602,9 @@ def run_horizon(sc_path: str, pol: Policy, method: str, seed: int, horizon: int,
         opt = (SkoptOptimiser(space, cur, seed=seed + rounds, initial_points=p.tuning.initial_points,
                               safety_limit=safety, context_kernel=kernel) if backend == "skopt"
                else make_optimiser(backend, space, cur, seed=seed + rounds, safety_limit=safety))
-        eng = Engine(p, study, current=cur, clock=FakeClock(), optimiser=opt, follow=True)
+        eng_cls = (Engine if method not in ORACLE_METHODS
+                   else oracle_engine(*ORACLE_METHODS[method], sc, p, base, env))
+        eng = eng_cls(p, study, current=cur, clock=FakeClock(), optimiser=opt, follow=True)
         n0 = len(env.windows)
         r = drive(eng, env, max_windows=horizon - env.t,
                   on_event=functools.partial(_note_decision, env=env, round_no=rounds, eng=eng, out=decisions))
@@ -638,6 +654,63 @@ def _note_decision(ev: Any, *, env: HorizonEnv, round_no: int, eng: Engine, out:
     cfg = dict(h.active.config) if h is not None and h.active is not None else None
     out.append({"window": env.t, "round": round_no, "region": int(m.group(1)), "deployed": m.group(2) == "deployed",
                 "config": cfg, "why": why})
+
+
+def oracle_engine(mode: str, raw: bool, sc: Scenario, pol: Policy, base: dict[str, KnobValue],
+                  env: HorizonEnv) -> type[Engine]:
+    """An Engine whose pick (``Engine._pick``) knows the world (ORACLE_METHODS): ``mode`` "optimum"
+    or "measured"; ``raw``: deployed without the engine's simplification and model check. The load a
+    decision is for is the load of the window whose context is nearest the engine's decision
+    context (``where``) — the engine never learns the label."""
+    from polltuned.engine.hold import distance, log_context
+
+    optima: dict[str, tuple[float, dict[str, KnobValue]]] = {}
+    first: dict[str, int] = {}
+
+    def load_of(ctx: Mapping[str, float] | None) -> tuple[str, _AtWindow]:
+        t_best = env.t - 1
+        if ctx:
+            lc = log_context(ctx)
+            near = [(distance(log_context(c), lc), t) for t, _, c in env.windows if c]
+            if near:
+                t_best = min(near)[1]
+        label = sc.load_at(max(t_best, 0))
+        first.setdefault(label, max(t_best, 0))
+        return label, _AtWindow(sc, first[label])
+
+    class OraclePick(Engine):
+        def _pick(self, where: Mapping[str, float] | None = None) -> dict[str, KnobValue] | None:
+            st = self.state
+            label, at = load_of(where if where is not None else st.context)
+            j_base = J(at, pol, st.baseline)  # type: ignore[arg-type]
+            if mode == "optimum":
+                if label not in optima:
+                    optima[label] = optimum(at, pol, base)  # type: ignore[arg-type]
+                j, cfg = optima[label]
+            else:
+                measured = [dict(o.config) for o in st.obs if not (o.reference or o.aborted or o.infeasible)
+                            and not (where is not None and o.context and self._far(o.context, where))]
+                if not measured:
+                    return None
+                j, cfg = min(((J(at, pol, {**st.baseline, **c}), c) for c in measured),  # type: ignore[arg-type]
+                             key=lambda jc: jc[0])
+            if j > j_base * (1.0 - MIN_ORACLE_GAIN) or self.space.key_of(cfg) == st.base_key:
+                return None
+            return {k: cfg[k] for k in self.space.keys if k in cfg}
+
+    if not raw:
+        return OraclePick
+
+    class OraclePickRaw(OraclePick):
+        def _simplify(self, cfg: Mapping[str, KnobValue], where: Mapping[str, float] | None = None
+                      ) -> tuple[dict[str, KnobValue], tuple[tuple[str, float], ...]]:
+            return {**self.state.baseline, **cfg}, ()
+
+        def _predicted_too_little(self, cand: Mapping[str, KnobValue],
+                                  where: Mapping[str, float] | None = None) -> str | None:
+            return None
+
+    return OraclePickRaw
 
 
 def _horizon_task(args: tuple[str, Policy, str, int, int, float]) -> tuple[str, str, int, dict[str, Any]]:

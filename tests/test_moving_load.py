@@ -393,3 +393,36 @@ def test_explore_share_reaches_the_daemon_cycle_and_is_checked(
         with pytest.raises(SystemExit):
             bench.main(["--family", "1", "--moving", *bad])
         assert why in capsys.readouterr().err
+
+
+def test_oracle_methods_replace_only_the_pick_with_what_the_world_knows() -> None:
+    """The diagnostics ``oracle-pick`` / ``oracle-measured`` run the daemon's own cycle with the pick
+    replaced: the first deploys the optimum of a load of the world (within 5 % of that load's J*),
+    the second only configurations the engine measured before its decision; ``oracle-pick-simplified``
+    hands the optimum to the engine's simplification first."""
+    bench = _bench()
+    pol = load_policy("sim-default")
+    name, n = "family-moving:8117:8", 100
+    sc = load_scenario(name)
+    space = Space.from_policy(pol)
+    optima = bench.load_optima(name, pol, n)
+    first = bench.first_windows(sc, n)
+    r = bench.run_horizon(name, pol, "oracle-pick", 0, n)
+    deployed = [d for d in r["decisions"] if d["deployed"]]
+    assert deployed, r["decisions"]
+    for d in deployed:
+        ratio = min(bench.J(bench._AtWindow(sc, first[lab]), pol, d["config"]) / optima[lab][1] for lab in optima)
+        assert ratio <= 1.05, (d, ratio)
+    r = bench.run_horizon(name, pol, "oracle-measured", 0, n)
+    deployed = [d for d in r["decisions"] if d["deployed"]]
+    assert deployed, r["decisions"]
+    for d in deployed:
+        seen = {space.key_of(c) for c in r["configs"][:d["window"]]}
+        assert space.key_of(d["config"]) in seen, d
+    # the same optimum given to the engine's own simplification: on this world it reverts knobs the
+    # model never measured, and what is deployed is no longer any load's optimum
+    r = bench.run_horizon(name, pol, "oracle-pick-simplified", 0, n)
+    deployed = [d for d in r["decisions"] if d["deployed"]]
+    assert deployed, r["decisions"]
+    assert any(min(bench.J(bench._AtWindow(sc, first[lab]), pol, d["config"]) / optima[lab][1] for lab in optima)
+               > 1.05 for d in deployed)
