@@ -57,7 +57,10 @@ per span (the share of all windows in force within 5 %: the long horizon's stead
 ``explore_share_after_100`` (windows after 100 that were not holding), deployments and those worse
 than the kernel defaults — every change of the configuration in force (a decision, a switch, a
 challenger's win, a fallback), judged at the load of its first window; ``..._5pct``: worse by more
-than NO_EFFECT — and the share of windows in force worse than the kernel defaults. The same
+than NO_EFFECT — ``knobs_changed_per_deployment`` and ``inert_knobs_per_deployment`` (of the knobs
+each deployment changes from the defaults, those whose reversion alone moves the true J at that load
+by less than INERT: "deploy only what matters", judged with what the world knows), and the share of
+windows in force worse than the kernel defaults. The same
 checkpoints also give ``within10_at`` and ``within20_at`` (J within 10 / 20 % of the optimum of the
 load), ``captured_at`` (for runs whose checkpoint load has more than NO_EFFECT to gain: the share of
 that gain the configuration in force realises, (J_defaults - J) / (J_defaults - J*); median, mean, share
@@ -127,6 +130,8 @@ from polltuned.worlds.scenario import Scenario, load_scenario, shipped_dir  # no
 METHODS = {"polltuned": "skopt", "random": "random", "grid": "grid", "static": None}
 STATIC = {"net.core.busy_read": 50, "net.core.busy_poll": 50}
 CHECKPOINTS = (10, 20)
+#: a deployed knob whose reversion alone moves the true J by less than this does not matter
+INERT = 0.01
 NO_EFFECT = 0.05   # a scenario whose best gain is below this (the policy's min_effect) has "no effect"
 SEVERE = 2.0       # a window measured at more than this x the defaults' J at its load: a stall users feel
 BIG_EFFECT = 0.10  # the within-5 % target is checked on landscapes with at least this much gain
@@ -781,6 +786,7 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
                                      "available_at": [],
                                      "measured_within5_at": [], "regret": [], "explore_after_100": [],
                                      "deploys": [], "worse_deploy": [], "worse_deploy_5": [],
+                                     "knobs_changed": [], "knobs_inert": [],
                                      "worse_windows": [], "severe_windows": [], "rounds": [],
                                      "cpu_per_window": []}
         for r in rs:
@@ -808,6 +814,10 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
             per["deploys"].append(len(deps))
             per["worse_deploy"].append(sum(1 for j, jb in jd if j > jb * (1 + 1e-9)))
             per["worse_deploy_5"].append(sum(1 for j, jb in jd if j > jb * (1 + NO_EFFECT)))
+            for t, c in deps:
+                ch, inert = deployed_knobs(_AtWindow(sc, t), pol, base, c)
+                per["knobs_changed"].append(ch)
+                per["knobs_inert"].append(inert)
             per["worse_windows"].append(sum(worse) / max(1, n))
             per["rounds"].append(r["rounds"])
             per["cpu_per_window"].append(r["cpu_s"] / max(1, r["windows"]))
@@ -827,6 +837,9 @@ def summarise_horizon(sc_path: str, pol: Policy, runs: Mapping[str, list[dict[st
             "worse_than_baseline_deployments": sum(per["worse_deploy"]),
             "worse_than_baseline_deployments_5pct": sum(per["worse_deploy_5"]),
             "deployments": sum(per["deploys"]),
+            "knobs_changed_per_deployment": (statistics.mean(per["knobs_changed"]) if per["knobs_changed"]
+                                             else None),
+            "inert_knobs_per_deployment": statistics.mean(per["knobs_inert"]) if per["knobs_inert"] else None,
             "worse_than_baseline_window_share": statistics.mean(per["worse_windows"]),
             "severe_window_share": statistics.mean(per["severe_windows"]),
             "rounds_mean": statistics.mean(per["rounds"]),
@@ -844,6 +857,18 @@ def measured_within(sc: Scenario, pol: Policy, configs: Sequence[Mapping[str, Kn
     decision rule could have deployed there)."""
     near = [J(_AtWindow(sc, t), pol, c) <= optima[labels[t]][1] * (1.0 + within) for t, c in enumerate(configs)]
     return {str(w): w - 1 < len(near) and any(near[t] for t in range(w) if labels[t] == labels[w - 1]) for w in at}
+
+
+def deployed_knobs(at: Any, pol: Policy, base: Mapping[str, KnobValue], cfg: Mapping[str, KnobValue]
+                   ) -> tuple[int, int]:
+    """(knobs a deployment changes from the kernel defaults, those of them that do not matter at
+    the load ``at``: putting one back alone moves the true J by less than INERT) — "deploy only what
+    matters", judged with what the world knows."""
+    full = {**base, **cfg}
+    changed = [k for k in full if full[k] != base.get(k, full[k])]
+    j = J(at, pol, full)
+    inert = sum(1 for k in changed if abs(J(at, pol, {**full, k: base[k]}) / j - 1.0) < INERT)
+    return len(changed), inert
 
 
 def put_in_force(in_force: Sequence[Mapping[str, KnobValue]]) -> list[tuple[int, dict[str, KnobValue]]]:
@@ -951,12 +976,18 @@ def aggregate_horizon(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "worse_than_baseline_deployments": sum(sum(p["worse_deploy"]) for p in per),
             "worse_than_baseline_deployments_5pct": sum(sum(p["worse_deploy_5"]) for p in per),
             "deployments": sum(sum(p["deploys"]) for p in per),
+            "knobs_changed_per_deployment": _mean_or_none([x for p in per for x in p.get("knobs_changed", [])]),
+            "inert_knobs_per_deployment": _mean_or_none([x for p in per for x in p.get("knobs_inert", [])]),
             "worse_than_baseline_window_share": statistics.mean(x for p in per for x in p["worse_windows"]),
             "severe_window_share": statistics.mean(x for p in per for x in p["severe_windows"]),
             "severe_window_share_worst_run": max(x for p in per for x in p["severe_windows"]),
             "optimiser_cpu_per_window_s": statistics.median(x for p in per for x in p["cpu_per_window"]),
         }
     return out
+
+
+def _mean_or_none(xs: Sequence[float]) -> float | None:
+    return statistics.mean(xs) if xs else None
 
 
 def _window_shares(regret: Sequence[Sequence[float]]) -> dict[str, float]:
@@ -992,14 +1023,18 @@ def horizon_table(summaries: Sequence[dict[str, Any]], agg: dict[str, Any]) -> s
                           f"{d['worse_than_baseline_window_share']:.1%} | {d['rounds_mean']:.1f} |")
             head = ""
     rows += ["", "| method | runs | within 5 % @50 | @150 | @300 | measured within 5 % @50 | @150 | @300 "
-             "| explore after 100 | worse deploys | worse windows | optimiser CPU s/window |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| explore after 100 | worse deploys | worse windows | knobs per deployment (inert) "
+             "| optimiser CPU s/window |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, d in agg["methods"].items():
         w, mw = d["within5_at"], d["measured_within5_at"]
+        kc, ki = d.get("knobs_changed_per_deployment"), d.get("inert_knobs_per_deployment")
         rows.append(f"| {m} | {d['runs']} | {_pct(w.get('50'))} | {_pct(w.get('150'))} | {_pct(w.get('300'))} | "
                     f"{_pct(mw.get('50'))} | {_pct(mw.get('150'))} | {_pct(mw.get('300'))} | "
                     f"{d['explore_share_after_100']:.1%} | {d['worse_than_baseline_deployments']} | "
-                    f"{d['worse_than_baseline_window_share']:.1%} | {d['optimiser_cpu_per_window_s']:.3f} |")
+                    f"{d['worse_than_baseline_window_share']:.1%} | "
+                    + ("-" if kc is None else f"{kc:.2f} ({ki:.2f})")
+                    + f" | {d['optimiser_cpu_per_window_s']:.3f} |")
     rows += ["", "| method | within 10 % @50 | @150 | @300 | within 20 % @50 | @150 | @300 | gain captured @150: median"
              " (>= 80 %) | @300: median (>= 80 %) | windows measured > 2x the defaults (worst run) |",
              "|---|---|---|---|---|---|---|---|---|---|"]

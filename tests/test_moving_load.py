@@ -141,6 +141,9 @@ def test_horizon_json_per_scenario_and_method(capsys: pytest.CaptureFixture[str]
         # within 5 % implies within 10 % implies within 20 % (the same runs, wider bands)
         assert d["within5_at"]["50"] <= d["within10_at"]["50"] <= d["within20_at"]["50"]
         assert 0.0 <= d["severe_window_share"] <= 1.0
+        kc, ki = d["knobs_changed_per_deployment"], d["inert_knobs_per_deployment"]
+        assert (kc is None) == (ki is None) == (d["deployments"] == 0)
+        assert kc is None or 0.0 <= ki <= kc <= len(Space.from_policy(load_policy("sim-default")).keys)
     agg = out["aggregate"]["methods"]["polltuned"]
     assert set(agg["captured_at"]) == {"50"} and set(agg["within20_at"]) == {"50"}
     cap = agg["captured_at"]["50"]
@@ -331,6 +334,42 @@ def test_every_change_in_force_is_a_deployment_judged_at_its_load() -> None:
     assert s["worse_than_baseline_deployments"] == 2
     assert s["worse_than_baseline_deployments_5pct"] == 1
     assert s["worse_than_baseline_window_share"] == pytest.approx(10 / n)
+
+
+def test_deployed_knobs_counts_the_changes_and_those_that_do_not_matter_at_the_load() -> None:
+    """"Deploy only what matters", judged with what the world knows: every knob a deployment changes
+    from the defaults counts; it is inert when putting it back alone moves the true J at that load by
+    less than INERT (1 %). The optimum's busy knob is never inert; a knob the world ignores is."""
+    bench = _bench()
+    pol, name, sc, base, n, _labels, _optima, space = _moving_world(bench)
+    at = bench._AtWindow(sc, 30)
+    _, best = bench.optimum(at, pol, base)
+    best = {**base, **best}
+    assert bench.deployed_knobs(at, pol, base, base) == (0, 0)
+    def values(k: str) -> list[Any]:
+        d = space.dim(k)
+        return list(d.choices) if d.kind == "cat" else [int(d.lo), int(d.hi)]
+
+    # a change the optimum does not make and this world ignores (J moves < 0.1 %)
+    j_best = bench.J(at, pol, best)
+    k_idle, other = next(((k, v) for k in space.keys for v in values(k) if best[k] == base[k] != v
+                          and abs(bench.J(at, pol, {**best, k: v}) / j_best - 1.0) < 1e-3), (None, None))
+    assert k_idle is not None, "pick a world with a knob it ignores"
+    ch0, in0 = bench.deployed_knobs(at, pol, base, best)
+    ch1, in1 = bench.deployed_knobs(at, pol, base, {**best, k_idle: other})
+    assert (ch1, in1) == (ch0 + 1, in0 + 1)
+    busy = max((k for k in (BR, BP) if best[k] != base[k]),
+               key=lambda k: bench.J(at, pol, {**best, k: base[k]}))
+    assert bench.J(at, pol, {**best, busy: base[busy]}) > 1.01 * bench.J(at, pol, best)
+    assert in0 < ch0                                  # the busy knob that carries the gain counts, not inert
+    # the horizon summary averages them over every deployment
+    in_force = [dict(base)] * 30 + [best] * 10 + [{**best, k_idle: other}] * (n - 40)
+    run = {"kinds": ["hold"] * n, "configs": in_force, "in_force": in_force, "rounds": 1, "cpu_s": 0.0,
+           "windows": n}
+    s = bench.summarise_horizon(name, pol, {"polltuned": [run]}, n)["methods"]["polltuned"]
+    want = [bench.deployed_knobs(bench._AtWindow(sc, t), pol, base, c) for t, c in bench.put_in_force(in_force)]
+    assert s["knobs_changed_per_deployment"] == pytest.approx(sum(c for c, _ in want) / len(want))
+    assert s["inert_knobs_per_deployment"] == pytest.approx(sum(i for _, i in want) / len(want))
 
 
 def test_kernel_compare_checkpoints_count_runs_within_5pct_and_variants_filter(
