@@ -91,6 +91,7 @@ def test_worker_answers_exactly_as_in_process_also_after_restarts() -> None:
                 os.kill(pid, signal.SIGKILL)    # died between calls: the next call starts another
             if i >= 3:
                 assert a.predict([ca, base], context=ctx) == b.predict([cb, base], context=ctx), i
+                assert a.predict([base], context=ctx, against=ca) == b.predict([base], context=ctx, against=cb), i
         obs = [(c, f(c) + 0.01) for c in (base, ca)]
         a.retell(obs, contexts=[{"flows": 1.0}, {"flows": 4.0}])
         b.retell(obs, contexts=[{"flows": 1.0}, {"flows": 4.0}])

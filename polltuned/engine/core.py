@@ -700,11 +700,14 @@ class Engine:
     def _simplify(self, cfg: Mapping[str, KnobValue], where: Mapping[str, float] | None = None
                   ) -> tuple[dict[str, KnobValue], tuple[tuple[str, float], ...]]:
         """Deploy only what matters: the optimiser's own simplification (knobs the model is sure do
-        not matter), then, with a model to ask (polltuned.optimiser.Predicting), every knob whose
-        reversion to the original moves the predicted log J by less than the first look of the
-        confirmation can resolve (window noise / sqrt(2 x pairs)) is reverted too — the confirmation
-        that follows measures the simplified configuration, so an unsure model is checked with
-        windows. Returns the full configuration and each changed knob's share of the predicted gain."""
+        not matter), then, with a model to ask (polltuned.optimiser.Predicting), a knob stays only
+        when the model is confident that putting it back costs at least what the first look of the
+        confirmation can resolve (window noise / sqrt(2 x pairs)): the lower bound (mean - sd) of
+        the difference its reversion makes, from the joint posterior. The burden of proof is on
+        the knob: one the model cannot tell from the original (a tiny gro_flush_timeout, a batch
+        size where batching does nothing) goes back, and the confirmation that follows measures
+        the simplified configuration, so an unsure model is checked with windows. Returns the full
+        configuration and each changed knob's share of the predicted gain."""
         st, space = self.state, self.space
         cur = {**st.baseline, **st.optimiser.simplify(cfg, context=where)}
         if space.key_of(cur) == st.base_key:
@@ -719,12 +722,12 @@ class Engine:
             changed = [k for k in space.keys if cur.get(k) != st.baseline.get(k)]
             if len(changed) <= 1:
                 break
-            preds = opt.predict([cur] + [{**cur, k: st.baseline[k]} for k in changed], context=where)
-            if not all(math.isfinite(m) for m, _ in preds):
+            diff = opt.predict([{**cur, k: st.baseline[k]} for k in changed], context=where, against=cur)
+            lower = [m - d for m, d in diff]
+            if not all(math.isfinite(x) for x in lower):
                 break
-            rise = [preds[i + 1][0] - preds[0][0] for i in range(len(changed))]
-            j = min(range(len(changed)), key=lambda i: rise[i])
-            if rise[j] >= tol:
+            j = min(range(len(changed)), key=lambda i: lower[i])
+            if lower[j] >= tol:
                 break
             cur = {**cur, changed[j]: st.baseline[changed[j]]}
         return cur, self._shares(opt, cur, where)

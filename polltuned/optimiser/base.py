@@ -66,7 +66,12 @@ class Predicting(Protocol):
     """An optimiser with a model the engine can query (the GP): posterior (mean, sd) of y."""
 
     def predict(self, configs: Sequence[Mapping[str, KnobValue]], *,
-                context: Context | None = None) -> list[tuple[float, float]]: ...
+                context: Context | None = None,
+                against: Mapping[str, KnobValue] | None = None) -> list[tuple[float, float]]:
+        """Posterior (mean, sd) of y at each config; with ``against``, of y(config) - y(against),
+        the sd from the joint posterior (a configuration the model has not seen differs from one it
+        has by a wide margin even where the two means are close)."""
+        ...
 
 
 @dataclass

@@ -157,8 +157,10 @@ class WorkerOptimiser:
         return _config(self._call("simplify", config=dict(config), context=_ctx(context)))
 
     def predict(self, configs: Sequence[Mapping[str, KnobValue]], *,
-                context: Context | None = None) -> list[tuple[float, float]]:
-        out = self._call("predict", configs=[dict(c) for c in configs], context=_ctx(context))
+                context: Context | None = None,
+                against: Mapping[str, KnobValue] | None = None) -> list[tuple[float, float]]:
+        out = self._call("predict", configs=[dict(c) for c in configs], context=_ctx(context),
+                         against=None if against is None else dict(against))
         if not isinstance(out, list) or len(out) != len(configs):
             raise ModelWorkerError(f"model worker: predict answered {str(out)[:120]!r} for {len(configs)} configs")
         try:

@@ -222,16 +222,22 @@ class SkoptOptimiser(HistoryBookkeeping):
         return self._base_key
 
     def predict(self, configs: Sequence[Mapping[str, KnobValue]], *,
-                context: Context | None = None) -> list[tuple[float, float]]:
+                context: Context | None = None,
+                against: Mapping[str, KnobValue] | None = None) -> list[tuple[float, float]]:
         """Posterior (mean, sd) of y at ``configs`` (polltuned.optimiser.Predicting; the engine's
-        simplification and per-knob shares) at ``context`` (default: the last one seen). Too few
-        observations: (nan, inf) each."""
+        simplification and per-knob shares) at ``context`` (default: the last one seen); with
+        ``against``, of the difference y(config) - y(against), its sd from the joint posterior
+        covariance. Too few observations: (nan, inf) each."""
         if len(self.hist.entries) < 3 or not configs:
             return [(math.nan, math.inf)] * len(configs)
         with self._cpu, _one_blas_thread():
             model = self._fit()
-            mu, sd = model.predict(self._X([self.space.canonical(c) for c in configs], context), return_std=True)
-        return [(float(m), float(d)) for m, d in zip(mu, sd)]
+            cs = [self.space.canonical(c) for c in configs]
+            if against is None:
+                mu, sd = model.predict(self._X(cs, context), return_std=True)
+                return [(float(m), float(d)) for m, d in zip(mu, sd)]
+            dm, ds = _differences(model, self._X([self.space.canonical(against)] + cs, context))
+        return [(float(m), float(d)) for m, d in zip(dm, ds)]
 
     def simplify(self, config: Mapping[str, KnobValue], *, context: Context | None = None) -> dict[str, KnobValue]:
         """Put back, one at a time, every knob whose change the model is confident does not
@@ -599,6 +605,15 @@ class SkoptOptimiser(HistoryBookkeeping):
             if ex is not None:
                 return ex
         return pool[i]
+
+
+def _differences(model: Any, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior mean and sd of y(X[i]) - y(X[0]) for i >= 1, from the joint posterior covariance
+    (the white-noise term is zero at prediction: the difference of the functions, not of windows)."""
+    mu, cov = model.predict(X, return_cov=True)
+    c = np.asarray(cov, dtype=np.float64)
+    var = np.diag(c)[1:] + c[0, 0] - 2.0 * c[0, 1:]
+    return np.asarray(mu[1:] - mu[0], dtype=np.float64), np.sqrt(np.maximum(var, 0.0))
 
 
 def _fit_gp(space: Space, recipe: Mapping[str, Any], context_kernel: str, seed: int) -> tuple[Any, bool]:

@@ -98,7 +98,9 @@ class Worker:
         if op == "simplify":
             return o.simplify(_cfg(a["config"]), context=a.get("context"))
         if op == "predict":
-            return [list(p) for p in o.predict([_cfg(c) for c in a["configs"]], context=a.get("context"))]
+            vs = a.get("against")
+            return [list(p) for p in o.predict([_cfg(c) for c in a["configs"]], context=a.get("context"),
+                                               against=None if vs is None else _cfg(vs))]
         if op == "cpu":
             return o.cpu_seconds
         raise ValueError(f"unknown request {op!r}")
