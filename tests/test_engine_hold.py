@@ -5,7 +5,6 @@ rollback after a switch that restores the originals exactly. Scenario worlds, Fa
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path

@@ -236,7 +236,7 @@ class SkoptOptimiser(HistoryBookkeeping):
             if against is None:
                 mu, sd = model.predict(self._X(cs, context), return_std=True)
                 return [(float(m), float(d)) for m, d in zip(mu, sd)]
-            dm, ds = _differences(model, self._X([self.space.canonical(against)] + cs, context))
+            dm, ds = _differences(model, self._X([self.space.canonical(against), *cs], context))
         return [(float(m), float(d)) for m, d in zip(dm, ds)]
 
     def simplify(self, config: Mapping[str, KnobValue], *, context: Context | None = None) -> dict[str, KnobValue]:
