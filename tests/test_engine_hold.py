@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from polltuned.clock import FakeClock
 from polltuned.engine.actions import Apply, Done, Measure
 from polltuned.engine.core import Engine
@@ -321,9 +323,10 @@ def test_a_knob_stays_only_when_the_model_is_sure_putting_it_back_costs() -> Non
     the gain, a gro_flush_timeout of a few ns and a batch size this world ignores go back (the
     model cannot tell them from the originals), and whatever stays beside busy_read has a lower
     bound (mean - sd, joint posterior) of the cost of its reversion of at least the confirmation's
-    first-look resolution. (Judged by the mean alone, the few-ns timeout stayed: the model's mean
-    at the reverted configuration regresses to the average of what it saw.)"""
-    p = policy(budget=24)
+    first-look resolution (``hold.keep_knobs = "proven"``; judged by the mean alone, the default,
+    the deferral pair stays: the model's mean at the reverted configuration regresses to the
+    average of what it saw)."""
+    p = policy(budget=24, keep_knobs="proven")
     _, e, _ = in_hold(p)
     h = e.state.hold
     assert h is not None and h.active is not None
@@ -347,20 +350,23 @@ def test_a_knob_stays_only_when_the_model_is_sure_putting_it_back_costs() -> Non
         assert all(m - d >= tol for m, d in diff), list(zip(changed, diff))
 
 
-def test_the_knob_that_carries_the_gain_stays_however_wide_its_posterior() -> None:
+@pytest.mark.parametrize("keep", ["likely", "proven"])
+def test_the_knob_that_carries_the_gain_stays_however_wide_its_posterior(keep: str) -> None:
     """A short, noisy search knows that its pick wins better than which knob makes it win: the knob
     with the largest predicted cost of putting it back stays even when its lower bound is below the
     resolution, a knob the model cannot show to matter goes, and one it can show stays. (Putting back
     the knob with the lowest lower bound first, whatever it is, lost busy_read's gain on the real mix
-    bench: busy_poll=2 alone was confirmed at +0.8 % and the originals kept.)"""
-    p = policy(budget=24)
+    bench: busy_poll=2 alone was confirmed at +0.8 % and the originals kept.) A knob whose mean cost
+    reaches the resolution but whose lower bound does not stays only under ``keep_knobs = "likely"``."""
+    p = policy(budget=24, keep_knobs=keep)
     _, e, _ = in_hold(p)
     h = e.state.hold
     assert h is not None and h.active is not None
     base = default_config(p)
-    br, bp, gnb = "net.core.busy_read", "net.core.busy_poll", "net.core.gro_normal_batch"
+    br, bp, gnb, tm = "net.core.busy_read", "net.core.busy_poll", "net.core.gro_normal_batch", "kernel.timer_migration"
     tol = e.state.refs.noise_sd() / math.sqrt(2.0 * p.confirm.pairs)
-    wide = {br: (0.6, 0.8), bp: (0.01, 0.02), gnb: (tol + 0.1, 0.05)}   # (mean, sd) of each reversion
+    # (mean, sd) of each reversion's cost
+    wide = {br: (0.6, 0.8), bp: (0.01, 0.02), tm: (tol + 0.1, 0.05), gnb: (tol + 0.01, 0.05)}
     real = e.state.optimiser
 
     class Told:
@@ -377,12 +383,13 @@ def test_the_knob_that_carries_the_gain_stays_however_wide_its_posterior() -> No
             return dict(config)                # the engine's own pass only
 
     e.state.optimiser = Told()  # type: ignore[assignment]
-    cand = {**h.active.config, br: 50, bp: 2, gnb: 13}
+    cand = {**base, br: 50, bp: 2, gnb: 13, tm: 0}
     assert all(cand[k] != base[k] for k in wide)
     out, _ = e._simplify(cand)
     assert out[br] == 50                      # lower bound -0.2, but it carries the gain
-    assert out[bp] == base[bp]                # lower bound -0.01: cannot be shown to matter
-    assert out[gnb] == 13                     # lower bound tol + 0.05: shown to matter
+    assert out[bp] == base[bp]                # mean and lower bound below: does not matter
+    assert out[tm] == 0                       # lower bound tol + 0.05: shown to matter
+    assert out[gnb] == (13 if keep == "likely" else base[gnb])   # mean above, lower bound below
 
 
 def test_rollback_after_a_switch_restores_the_originals_exactly(tmp_path: Path) -> None:

@@ -291,6 +291,11 @@ class Hold(_Strict):
                                  "challengers against the active entry (interleaved pairs)")
     verify_every: int = Field(3, ge=0, description="verify the deployed knobs every N HOLD windows (kernel reset: "
                               "re-applied; admin change: released); 0 = only on link events")
+    keep_knobs: Literal["likely", "proven"] = Field(
+        "likely", description="before a deployment, a knob beside the one that carries the gain stays when "
+        "the model's mean cost of putting it back reaches the confirmation's first-look resolution "
+        "(likely), or only when the lower bound (mean - sd) of that cost does (proven: fewer knobs, "
+        "measured 2-4 points less often within 5 % of the optimum)")
 
 
 class Policy(_Strict):
