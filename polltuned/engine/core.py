@@ -1221,6 +1221,9 @@ class Engine:
         # what they ruled out (busy polling that hurt a shared CPU and pays on a quiet one)
         first = {self.space.key_of(e.config): dict(e.config) for e in h.table.values()
                  if not e.is_originals and e.region != region}
+        joint = self.space.joint_seed(st.baseline)
+        if joint is not None and self.space.key_of(joint) not in first:
+            first[self.space.key_of(joint)] = joint
         design = self.space.space_filling(self.policy.hold.region_design, self.policy.tuning.seed + st.index)
         first.update({self.space.key_of(c): c for c in design
                       if self.space.key_of(c) != st.base_key and self.space.key_of(c) not in first})

@@ -123,6 +123,10 @@ class SkoptOptimiser(HistoryBookkeeping):
         seeded = self._seeds[: n_design // 2]
         filling = [c for c in space.space_filling(n_design - len(seeded), seed) if space.key_of(c) != base]
         self._design = [c for pair in zip_longest(filling, seeded) for c in pair if c is not None]
+        joint = space.joint_seed(self.baseline)
+        if joint is not None and self._seeds:
+            self._seeds.append(joint)
+            self._design.append(joint)
 
     # ------------------------------------------------------------------ protocol
     def ask(self, remaining: int | None = None,

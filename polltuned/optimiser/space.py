@@ -283,6 +283,19 @@ class Space:
                 uniq.append(c)
         return uniq
 
+    def joint_seed(self, baseline: Mapping[str, KnobValue]) -> dict[str, KnobValue] | None:
+        """Every seeded knob at its first seed at once, on top of the baseline: what a static
+        profile copied from the seeds would deploy. ``None`` with fewer than two seeded knobs (it
+        would repeat a one-knob seed)."""
+        seeded = [d for d in self.dims if d.seeds]
+        if len(seeded) < 2:
+            return None
+        c = dict(baseline)
+        for d in seeded:
+            c[d.key] = _coerce(d, d.seeds[0])
+        out = self.canonical(c)
+        return None if self.key_of(out) == self.key_of(baseline) else out
+
     def clip_to_space(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
         return self.canonical(config)
 
