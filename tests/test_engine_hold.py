@@ -481,9 +481,9 @@ def test_a_session_without_a_baseline_searches_once_the_probe_works() -> None:
 
 
 def test_a_region_search_tries_the_other_regions_entries_first_then_a_space_filling_design() -> None:
-    """A region's search starts with the other regions' deployed entries, then hold.region_design
-    space-filling trials over the whole space (the model alone would not try what another load
-    ruled out), then the model's proposals."""
+    """A region's search starts with the other regions' deployed entries, then the policy's seeds
+    all together, then hold.region_design space-filling trials over the whole space (the model
+    alone would not try what another load ruled out), then the model's proposals."""
     p = policy()
     _, e, _ = both_regions(p)
     h = e.state.hold
@@ -492,10 +492,15 @@ def test_a_region_search_tries_the_other_regions_entries_first_then_a_space_fill
     start = next(i for i, (k, _) in enumerate(tw) if k is WindowKind.HOLD)
     trials = [c for k, c in tw[start:] if k is WindowKind.TRIAL]
     assert trials[0] == h.table[0].config, "the split entry was not the shared search's first trial"
-    design = trials[1:1 + p.hold.region_design]
+    joint = e.space.joint_seed(e.state.baseline)
+    assert joint is not None
+    # the seeds together come next, unless the split entry is that very configuration (tried once)
+    n = 1 if e.space.key_of(joint) == e.space.key_of(h.table[0].config) else 2
+    assert trials[n - 1] == joint, "the seeds together were not among the first trials"
+    design = trials[n:n + p.hold.region_design]
     assert len(design) == p.hold.region_design
     keys = {e.space.key_of(c) for c in design}
-    assert len(keys) == len(design) and e.space.key_of(h.table[0].config) not in keys
+    assert len(keys) == len(design) and not keys & {e.space.key_of(h.table[0].config), e.space.key_of(joint)}
     # the design spans the space: busy polling both off and on among its trials
     assert any(busy(c) for c in design) and not all(busy(c) for c in design), design
 

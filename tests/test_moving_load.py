@@ -465,3 +465,28 @@ def test_oracle_methods_replace_only_the_pick_with_what_the_world_knows() -> Non
     assert deployed, r["decisions"]
     assert any(min(bench.J(bench._AtWindow(sc, first[lab]), pol, d["config"]) / optima[lab][1] for lab in optima)
                > 1.05 for d in deployed)
+
+
+def test_a_gain_that_needs_two_seeded_knobs_together_is_found_at_a_load_seen_later() -> None:
+    """Family landscape moving:7741:0 starts on a shared load (busy polling costs there: each busy
+    seed alone is 1.8x the defaults) and moves to a quiet one at window 81, whose gain needs
+    busy_read AND busy_poll on (each alone is worse than the defaults there; 50/50 together is
+    2.7x better). The region search for the quiet load measures the seeds together and deploys
+    busy polling before the load moves back at 135; without that trial it kept the defaults."""
+    bench = _bench()
+    pol = load_policy("sim-default")
+    name = "family-moving:7741:0"
+    sc = load_scenario(name)
+    base = default_config(pol)
+    assert [sc.load_at(t) for t in (80, 81, 134, 135)] == ["shared", "quiet", "quiet", "shared"]
+    quiet = bench._AtWindow(sc, 100)
+    j0 = bench.J(quiet, pol, base)
+    assert bench.J(quiet, pol, {**base, BR: 50}) > j0 and bench.J(quiet, pol, {**base, BP: 50}) > j0
+    assert bench.J(quiet, pol, {**base, BR: 50, BP: 50}) < 0.5 * j0
+    r = bench.run_horizon(name, pol, "polltuned", 0, 135)
+    held = r["in_force"][134]
+    assert int(held[BR]) > 0 and int(held[BP]) > 0, held
+    assert bench.J(quiet, pol, held) < 0.6 * j0
+    joint = Space.from_policy(pol).joint_seed(base)
+    assert joint is not None
+    assert any(c == joint for t, c in enumerate(r["configs"]) if 81 <= t < 135), "the seeds together never ran at quiet"

@@ -64,6 +64,27 @@ def test_seeds_are_tried_one_knob_at_a_time(pol: Policy) -> None:
     assert all(len(c) <= 2 for c in changed)
 
 
+def test_the_seeds_together_are_one_more_trial_after_the_one_knob_seeds(pol: Policy) -> None:
+    sp = Space.from_policy(pol)
+    base = default_config(pol)
+    joint = sp.joint_seed(base)
+    assert joint is not None
+    want = {k: pol.knobs[k].seeds[0] for k in pol.knobs if pol.knobs[k].seeds}
+    assert len(want) >= 2 and all(joint[k] == v for k, v in want.items())
+    assert all(joint[k] == base[k] for k in base if k not in want)
+    assert sp.key_of(joint) not in {sp.key_of(c) for c in sp.seed_configs(base)}
+    opt = SkoptOptimiser(sp, base, seed=0, initial_points=6, safety_limit=math.log(1.5))
+    keys = [sp.key_of(opt.ask()) for _ in range(12)]
+    one_knob = {sp.key_of(c) for c in sp.seed_configs(base)}
+    assert sp.key_of(joint) in keys
+    assert max(i for i, k in enumerate(keys) if k in one_knob) < keys.index(sp.key_of(joint))
+    # one seeded knob: nothing more than its own seed; no seeds: nothing at all
+    one = {k: v if k == "net.core.busy_read" else v.model_copy(update={"seeds": []}) for k, v in pol.knobs.items()}
+    assert Space.from_policy(pol.model_copy(update={"knobs": one})).joint_seed(base) is None
+    none = {k: v.model_copy(update={"seeds": []}) for k, v in pol.knobs.items()}
+    assert Space.from_policy(pol.model_copy(update={"knobs": none})).joint_seed(base) is None
+
+
 def test_skopt_starts_with_a_space_filling_design_the_seeds_at_most_half(pol: Policy) -> None:
     base = default_config(pol)
     sp = Space.from_policy(pol)

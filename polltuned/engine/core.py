@@ -1216,14 +1216,17 @@ class Engine:
         h.searching = region
         # the other regions' confirmed deployments are its first trials (one window each): a load
         # next to a known one often wants the same thing, and the model learns the contrast
-        # then a small space-filling design over the whole space: the model's view of a load it has
-        # not measured comes from the other loads, and a search that only follows it never tries
-        # what they ruled out (busy polling that hurt a shared CPU and pays on a quiet one)
         first = {self.space.key_of(e.config): dict(e.config) for e in h.table.values()
                  if not e.is_originals and e.region != region}
+        # then the policy's seeds all together, at this load (one window; the guard stops it where
+        # busy polling hurts): a gain that needs two seeded knobs at once is found by no one-knob
+        # seed and rarely by a 4-point design
         joint = self.space.joint_seed(st.baseline)
         if joint is not None and self.space.key_of(joint) not in first:
             first[self.space.key_of(joint)] = joint
+        # then a small space-filling design over the whole space: the model's view of a load it has
+        # not measured comes from the other loads, and a search that only follows it never tries
+        # what they ruled out (busy polling that hurt a shared CPU and pays on a quiet one)
         design = self.space.space_filling(self.policy.hold.region_design, self.policy.tuning.seed + st.index)
         first.update({self.space.key_of(c): c for c in design
                       if self.space.key_of(c) != st.base_key and self.space.key_of(c) not in first})

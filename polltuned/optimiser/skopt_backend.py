@@ -123,6 +123,8 @@ class SkoptOptimiser(HistoryBookkeeping):
         seeded = self._seeds[: n_design // 2]
         filling = [c for c in space.space_filling(n_design - len(seeded), seed) if space.key_of(c) != base]
         self._design = [c for pair in zip_longest(filling, seeded) for c in pair if c is not None]
+        # then all the seeds together (a static profile), once, after the one-knob seeds: a
+        # candidate of every acquisition until measured, like them
         joint = space.joint_seed(self.baseline)
         if joint is not None and self._seeds:
             self._seeds.append(joint)

@@ -259,8 +259,9 @@ class Space:
 
     def seed_configs(self, baseline: Mapping[str, KnobValue]) -> list[dict[str, KnobValue]]:
         """Domain seeds, one knob at a time on top of the baseline (a conditional knob brings its
-        dependencies at their seeds). Not all seeds together: on a host where one of them is
-        harmful, that trial would be wasted and could hurt traffic."""
+        dependencies at their seeds). They come one at a time because a seed that hurts on this
+        host then costs one guarded window and says which knob hurt; all of them together is one
+        more trial of its own (``joint_seed``), tried after these."""
         seeded = [d for d in self.dims if d.seeds]
         out: list[dict[str, KnobValue]] = []
         for d in seeded:
@@ -285,8 +286,10 @@ class Space:
 
     def joint_seed(self, baseline: Mapping[str, KnobValue]) -> dict[str, KnobValue] | None:
         """Every seeded knob at its first seed at once, on top of the baseline: what a static
-        profile copied from the seeds would deploy. ``None`` with fewer than two seeded knobs (it
-        would repeat a one-knob seed)."""
+        profile copied from the seeds would deploy. A gain that needs two knobs on together
+        (busy_read with busy_poll for an application that both reads and polls) is invisible to the
+        one-knob seeds, and a search that never measures the static profile cannot show it beats
+        it. ``None`` with fewer than two seeded knobs (it would repeat a one-knob seed)."""
         seeded = [d for d in self.dims if d.seeds]
         if len(seeded) < 2:
             return None
