@@ -83,6 +83,11 @@ def test_the_seeds_together_are_one_more_trial_after_the_one_knob_seeds(pol: Pol
     assert Space.from_policy(pol.model_copy(update={"knobs": one})).joint_seed(base) is None
     none = {k: v.model_copy(update={"seeds": []}) for k, v in pol.knobs.items()}
     assert Space.from_policy(pol.model_copy(update={"knobs": none})).joint_seed(base) is None
+    # a conditional knob seeded with its dependency is already one one-knob seed: not a second trial
+    pair = {k: v if "napi_defer_hard_irqs" in k or "gro_flush_timeout" in k else v.model_copy(update={"seeds": []})
+            for k, v in pol.knobs.items()}
+    sp_pair = Space.from_policy(pol.model_copy(update={"knobs": pair}))
+    assert len(sp_pair.seed_configs(base)) == 2 and sp_pair.joint_seed(base) is None
 
 
 def test_skopt_starts_with_a_space_filling_design_the_seeds_at_most_half(pol: Policy) -> None:

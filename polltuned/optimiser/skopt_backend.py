@@ -126,7 +126,7 @@ class SkoptOptimiser(HistoryBookkeeping):
         # then all the seeds together (a static profile), once, after the one-knob seeds: a
         # candidate of every acquisition until measured, like them
         joint = space.joint_seed(self.baseline)
-        if joint is not None and self._seeds:
+        if joint is not None:
             self._seeds.append(joint)
             self._design.append(joint)
 

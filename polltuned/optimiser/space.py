@@ -289,15 +289,15 @@ class Space:
         profile copied from the seeds would deploy. A gain that needs two knobs on together
         (busy_read with busy_poll for an application that both reads and polls) is invisible to the
         one-knob seeds, and a search that never measures the static profile cannot show it beats
-        it. ``None`` with fewer than two seeded knobs (it would repeat a one-knob seed)."""
-        seeded = [d for d in self.dims if d.seeds]
-        if len(seeded) < 2:
-            return None
+        it. ``None`` when it is the baseline or one of ``seed_configs`` (fewer than two seeded
+        knobs, or a conditional knob and its dependency seeded as a pair)."""
         c = dict(baseline)
-        for d in seeded:
-            c[d.key] = _coerce(d, d.seeds[0])
+        for d in self.dims:
+            if d.seeds:
+                c[d.key] = _coerce(d, d.seeds[0])
         out = self.canonical(c)
-        return None if self.key_of(out) == self.key_of(baseline) else out
+        known = {self.key_of(baseline)} | {self.key_of(s) for s in self.seed_configs(baseline)}
+        return None if self.key_of(out) in known else out
 
     def clip_to_space(self, config: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
         return self.canonical(config)
